@@ -1,0 +1,570 @@
+"""Everything that is not an algorithm: the toy world, Hugging Face models and JSONL data, batched
+sampling with a KV cache, per-token log-probs, evaluation, logging and the command line.
+
+The algorithm scripts (grpo.py, ...) import this file; it imports moe_model.py; nothing imports back.
+"""
+import argparse
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from moe_model import MoEConfig, MoETransformer
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2, no traceback."""
+
+
+def check(ok, message):
+    if not ok:
+        raise UsageError(message)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: a dataclass of arguments becomes an argparse parser
+# ----------------------------------------------------------------------------------------------
+
+def arg(default, help):
+    """A dataclass field with its --help text: `lr: float = arg(1e-4, "AdamW learning rate")`."""
+    return field(default=default, metadata={"help": help})
+
+
+def parse_args(cls, doc, argv=None):
+    """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`,
+    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag, kind, help = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
+        if kind is bool:
+            if f.default:
+                parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=help)
+            else:
+                parser.add_argument(flag, dest=f.name, action="store_true", help=help)
+            continue
+        if typing.get_origin(kind) is typing.Union:  # Optional[int] -> int
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
+        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
+                            help=f"{help} (default: {f.default})")
+    return cls(**vars(parser.parse_args(argv)))
+
+
+def run_main(train, args):
+    """Run `train(args)`; bad input ends with one line on stderr and exit code 2."""
+    try:
+        train(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_common_args(args):
+    """Checks shared by every script; each script checks its own hyperparameters too."""
+    for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size"):
+        check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check(args.group_size >= 2, f"--group-size must be at least 2 (advantages compare completions within a "
+                                f"group), got {args.group_size}")
+    check(args.max_new_tokens is None or args.max_new_tokens > 0,
+          f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
+    check(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    check(args.eval_every >= 0, f"--eval-every must be 0 (only at start and end) or positive, got {args.eval_every}")
+    n = args.prompts_per_step * args.group_size
+    check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
+                                     f"(--prompts-per-step x --group-size)")
+    check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
+    check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
+    check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
+          f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds, devices
+# ----------------------------------------------------------------------------------------------
+
+def seed_everything(seed):
+    # Every random draw in this project (prompts, sampling, init) goes through torch's generators.
+    torch.manual_seed(seed)
+
+
+def pick_device(name):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    check(not name.startswith("cuda") or torch.cuda.is_available(), "--device cuda asked for, but CUDA is not available")
+    check(name != "mps" or torch.backends.mps.is_available(), "--device mps asked for, but MPS is not available")
+    return torch.device(name)
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (weights stay fp32 for the optimiser); plain fp32 elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# ----------------------------------------------------------------------------------------------
+# The toy world: character tokenizer, tasks with a verifiable reward
+# ----------------------------------------------------------------------------------------------
+
+TOY_VOCAB = ["<pad>", "<eos>"] + list("0123456789+=*,")
+TOY_PAD, TOY_EOS = 0, 1
+TOY_ID = {ch: i for i, ch in enumerate(TOY_VOCAB)}
+
+
+def add_problems():
+    """Zero-padded two-digit addition: '07+85=' -> '92'. All 10,000 problems."""
+    return [(f"{a:02d}+{b:02d}=", str(a + b)) for a in range(100) for b in range(100)]
+
+
+TASKS = {"add": add_problems}
+TASK_MAX_NEW_TOKENS = {"add": 8}
+
+
+@dataclass
+class World:
+    """What an algorithm needs to know about the task: prompts (as token ids) with their answers,
+    how to read a completion, and the reward. The same for the toy tasks and for --model/--data."""
+    train: list            # [(prompt_ids, answer)]
+    eval: list             # [(prompt_ids, answer)], fixed and held out
+    decode: typing.Callable
+    reward: typing.Callable    # reward(completion_text, answer, finished) -> float
+    eos_id: int
+    pad_id: int
+    max_new_tokens: int
+
+    def sample(self, n):
+        """n random training prompts (with replacement), drawn from torch's generator."""
+        idx = torch.randint(len(self.train), (n,)).tolist()
+        return [self.train[i][0] for i in idx], [self.train[i][1] for i in idx]
+
+
+def toy_reward(completion, answer, finished):
+    """1 for exactly the answer followed by EOS, else 0."""
+    return float(finished and completion == answer)
+
+
+def split_eval(rows, n_held_out):
+    """A fixed held-out set, the same for every seed: a seeded shuffle, the first rows held out."""
+    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(1234)).tolist()
+    n_held_out = min(n_held_out, len(rows) // 5)
+    if n_held_out == 0:  # too few rows to hold any out: evaluate on the training rows, and say so
+        print(f"note: only {len(rows)} rows, too few to hold some out; evaluating on training rows", file=sys.stderr)
+        return [rows[i] for i in perm], [rows[i] for i in perm]
+    return [rows[i] for i in perm[n_held_out:]], [rows[i] for i in perm[:n_held_out]]
+
+
+def toy_world(task, eval_size, max_new_tokens):
+    encode = lambda s: torch.tensor([TOY_ID[c] for c in s])
+    rows = [(encode(p), a) for p, a in TASKS[task]()]
+    train, held_out = split_eval(rows, 500)  # the same 500 held out whatever --eval-size, so one base fits all
+    decode = lambda ids: "".join(TOY_VOCAB[i] for i in ids if i > TOY_EOS)
+    return World(train, held_out[:eval_size], decode, toy_reward, TOY_EOS, TOY_PAD, max_new_tokens or TASK_MAX_NEW_TOKENS[task])
+
+
+def toy_model_config(args):
+    return MoEConfig(vocab_size=len(TOY_VOCAB), max_seq_len=64, d_model=args.d_model, n_layers=args.n_layers,
+                     n_experts=args.n_experts)
+
+
+def warm_start(world, cfg, steps=150, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0):
+    """Supervised warm start: RL needs a policy that is right some of the time (from a random model
+    it learns nothing). Cross-entropy on the answer and EOS only; a fixed number of steps keeps it
+    deterministic. Cached on disk keyed by every setting, so only the first run pays for it
+    (about 10 s on 2 CPU cores). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
+    key = json.dumps([dataclasses.asdict(cfg), steps, batch_size, lr, aux_coef, seed,
+                      [(p.tolist(), a) for p, a in world.train[:50]], len(world.train)])
+    cache_dir = Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "llm-rl-reference"))
+    path = cache_dir / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+    model = MoETransformer(cfg)
+    if path.exists():
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model, path
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = MoETransformer(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        idx = torch.randint(len(world.train), (batch_size,), generator=gen).tolist()
+        targets = [torch.tensor([TOY_ID[c] for c in world.train[i][1]] + [TOY_EOS]) for i in idx]
+        prompts = torch.stack([world.train[i][0] for i in idx])
+        answers = torch.nn.utils.rnn.pad_sequence(targets, batch_first=True, padding_value=-100)
+        tokens = torch.cat([prompts, answers.clamp(min=0)], 1)
+        logits, _, aux_loss = model(tokens[:, :-1])
+        # Predict only the answer tokens and EOS: positions P-1 .. end predict answer[0] .. EOS.
+        loss = F.cross_entropy(logits[:, prompts.shape[1] - 1:].reshape(-1, cfg.vocab_size), answers.flatten(),
+                               ignore_index=-100) + aux_coef * aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)  # atomic: another run never reads half a file
+    return model, path
+
+
+# ----------------------------------------------------------------------------------------------
+# Real models: a Hugging Face causal LM and a JSONL file of {"prompt", "answer"}
+# ----------------------------------------------------------------------------------------------
+
+def final_answer(text):
+    """The last \\boxed{...} in the text, else its last number; None if it has neither."""
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
+    if boxed:
+        return boxed[-1].strip()
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def answer_reward(completion, answer, finished):
+    """1 if the completion's final answer equals the reference (numerically where both are numbers)."""
+    got, want = final_answer(completion), str(answer).strip().replace(",", "")
+    if got is None:
+        return 0.0
+    try:
+        return float(math.isclose(float(got), float(want), rel_tol=0, abs_tol=1e-6))
+    except ValueError:
+        return float(got == want)
+
+
+def read_jsonl(path):
+    check(os.path.isfile(path), f"--data {path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
+            check(isinstance(row, dict) and "prompt" in row and "answer" in row,
+                  f"--data {path}, line {n}: each line needs a \"prompt\" and an \"answer\" field")
+            check(isinstance(row["prompt"], str) and row["prompt"].strip(),
+                  f"--data {path}, line {n}: \"prompt\" must be a non-empty string")
+            rows.append((row["prompt"], str(row["answer"])))
+    check(rows, f"--data {path}: the file holds no rows")
+    return rows
+
+
+def load_hf(name, device):
+    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = os.path.expanduser(name)
+    if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
+        check(not os.path.exists(path), f"--model {name}: not a folder")
+        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
+    name = path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def hf_world(tokenizer, data, eval_size, max_new_tokens, max_context):
+    def encode(prompt):
+        if tokenizer.chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+        return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
+    rows = [(encode(p), a) for p, a in read_jsonl(data)]
+    max_new_tokens = max_new_tokens or 256
+    for n, (ids, _) in enumerate(rows, 1):
+        check(len(ids) + max_new_tokens <= max_context,
+              f"--data {data}, row {n}: prompt of {len(ids)} tokens + --max-new-tokens {max_new_tokens} "
+              f"is longer than the model's context of {max_context} tokens")
+    train, held_out = split_eval(rows, eval_size)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    return World(train, held_out, decode, answer_reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                 max_new_tokens)
+
+
+def make_policy(args, device):
+    """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
+    if args.model is None:
+        world = toy_world(args.task, args.eval_size, args.max_new_tokens)
+        cfg = toy_model_config(args)
+        check(world.train[0][0].numel() + world.max_new_tokens <= cfg.max_seq_len,
+              f"--max-new-tokens {world.max_new_tokens} is longer than the toy model's context allows")
+        model, path = warm_start(world, cfg)
+        print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
+              f"warm-started base: {path}")
+        return model.to(device), world
+    check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
+    model, tokenizer = load_hf(args.model, device)
+    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    world = hf_world(tokenizer, args.data, args.eval_size, args.max_new_tokens, max_context)
+    return model, world
+
+
+def frozen_copy(model):
+    """The frozen reference policy for a KL term."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def is_toy_moe(model):
+    return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
+
+
+def is_moe(model):
+    if isinstance(model, MoETransformer):
+        return model.cfg.n_experts > 1
+    return getattr(model.config, "num_experts_per_tok", None) is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward pass, sampling with a KV cache, per-token log-probs
+# ----------------------------------------------------------------------------------------------
+
+def forward(model, tokens, attention_mask, cache=None, routing=None, use_cache=False):
+    """One forward pass of the toy MoE or a Hugging Face model, same outputs for both.
+    tokens [B, S] are the new tokens; attention_mask [B, all tokens so far] (left padding).
+    Returns logits [B, S, V] in fp32, the router's top-k choice [n_layers, B, S, k] (None for
+    dense models), the load-balancing loss (or None) and the KV cache to pass to the next call."""
+    if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
+        if use_cache and cache is None:
+            cache = [None] * model.cfg.n_layers
+        with autocast(tokens.device):
+            logits, chosen, aux_loss = model(tokens, cache=cache, routing=routing)
+        return logits.float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
+    check(routing is None, "Routing Replay is implemented for the toy MoE model only")
+    # Left padding: positions count only real tokens, so every prompt starts at position 0.
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
+    # Sampling needs only the last position's logits and no routing; scoring needs every position.
+    extra = {"logits_to_keep": 1} if use_cache else {"output_router_logits": True} if is_moe(model) else {}
+    with autocast(tokens.device):
+        out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                    use_cache=use_cache, **extra)
+    chosen = None
+    if getattr(out, "router_logits", None) is not None:  # per layer [B*S, E] -> router's top-k [L, B, S, k]
+        k = model.config.num_experts_per_tok
+        chosen = torch.stack([r.view(*tokens.shape, -1).topk(k, dim=-1).indices for r in out.router_logits])
+    return out.logits.float(), chosen, getattr(out, "aux_loss", None), out.cache
+
+
+@dataclass
+class Rollout:
+    """G completions for each of a batch of prompts. Prompts are left-padded to one length P so
+    that completion token t sits at column P + t of `tokens` for every row."""
+    tokens: torch.Tensor          # [N, P + T] prompt then completion, completion padded after EOS
+    attention_mask: torch.Tensor  # [N, P + T] 0 on left padding of the prompt
+    mask: torch.Tensor            # [N, T] 1 on completion tokens up to and including the first EOS
+    finished: torch.Tensor        # [N] bool, the completion ended with EOS (not truncated)
+
+    def __getitem__(self, idx):
+        return Rollout(self.tokens[idx], self.attention_mask[idx], self.mask[idx], self.finished[idx])
+
+    @property
+    def completions(self):
+        return self.tokens[:, self.tokens.shape[1] - self.mask.shape[1]:]
+
+
+def left_pad(prompts, pad_id):
+    P = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, P - len(p):], attention_mask[i, P - len(p):] = p, 1
+    return tokens, attention_mask
+
+
+def mask_logits(logits, world):
+    """PAD is never a real token: it must not be sampled, and log-probs use the same distribution.
+    Apply after dividing by the temperature: a finite minimum keeps 0 * log 0 = 0 in the entropy."""
+    if world.pad_id != world.eos_id:
+        logits[..., world.pad_id] = torch.finfo(logits.dtype).min
+    return logits
+
+
+@torch.no_grad()
+def generate(model, world, prompts, group_size, temperature, greedy=False):
+    """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
+    Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g."""
+    device = next(model.parameters()).device
+    tokens, attention_mask = left_pad([p for p in prompts for _ in range(group_size)], world.pad_id)
+    tokens, attention_mask = tokens.to(device), attention_mask.to(device)
+    N, P = tokens.shape
+    new, alive = [], torch.ones(N, dtype=torch.bool, device=device)
+    logits, _, _, cache = forward(model, tokens, attention_mask, use_cache=True)
+    for t in range(world.max_new_tokens):
+        next_logits = mask_logits(logits[:, -1] / temperature, world)
+        if greedy:
+            token = next_logits.argmax(-1)
+        else:
+            token = torch.multinomial(F.softmax(next_logits, dim=-1), 1).squeeze(1)
+        token = torch.where(alive, token, world.pad_id)
+        new.append(token)
+        alive = alive & (token != world.eos_id)
+        if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
+        logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True)
+    completion = torch.stack(new, 1)                                     # [N, T]
+    is_eos = completion == world.eos_id
+    finished = is_eos.any(1)
+    # Mask: tokens up to and including the first EOS (all of them when truncated).
+    mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
+    completion = completion.masked_fill(~mask, world.pad_id)
+    return Rollout(torch.cat([tokens, completion], 1), torch.cat([attention_mask[:, :P], mask.long()], 1),
+                   mask.float(), finished)
+
+
+def rewards_of(world, rollout, answers, group_size):
+    """Task reward of every completion [N]; `answers` has one entry per prompt."""
+    texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
+    rewards = [world.reward(text, answers[i // group_size], bool(done))
+               for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist()))]
+    return torch.tensor(rewards, device=rollout.mask.device)
+
+
+def logprobs(model, world, rollout, temperature, routing=None):
+    """Per-token log-probs of the sampled completion tokens under `model`, from logits / temperature
+    (the sampling distribution), in one forward pass. Returns logp [N, T], the entropy of the
+    sampling distribution at each position [N, T] (no gradient), the router's choice at every input
+    position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing loss.
+    `routing` (same shape) replays recorded experts: Routing Replay."""
+    T = rollout.mask.shape[1]
+    logits, chosen, aux_loss, _ = forward(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1],
+                                          routing=routing)
+    logits = mask_logits(logits[:, -T:] / temperature, world)           # position P+t-1 predicts token t
+    all_logp = F.log_softmax(logits, dim=-1)                            # [N, T, V]
+    logp = all_logp.gather(-1, rollout.completions[..., None]).squeeze(-1)
+    logp = logp.masked_fill(rollout.mask == 0, 0.0)                     # padding: 0, not log 0
+    with torch.no_grad():
+        entropy = -(all_logp.exp() * all_logp).sum(-1)
+    return logp, entropy, chosen, aux_loss
+
+
+@torch.no_grad()
+def old_logprobs(model, world, rollout, temperature, chunks):
+    """Log-probs of a whole rollout batch under a fixed policy (old or reference), one forward per
+    chunk to bound memory. Also returns the routing of every position [L, N, P+T-1, k] (or None),
+    recorded for Routing Replay and for measuring how routing drifts during the update."""
+    parts = [logprobs(model, world, rollout[idx], temperature) for idx in minibatches(len(rollout.mask), chunks)]
+    routing = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
+    return torch.cat([p[0] for p in parts]), routing
+
+
+def minibatches(n, count):
+    """Contiguous index chunks of a rollout batch (whole groups stay together when count divides
+    the number of prompts)."""
+    return torch.arange(n).chunk(count)
+
+
+def routing_drift(routing, old_routing, mask):
+    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one,
+    at the positions that predict the completion tokens. routing, old_routing [L, N, P+T-1, k]; mask [N, T]."""
+    T = mask.shape[1]
+    routing, old_routing = routing[:, :, -T:], old_routing[:, :, -T:]
+    changed = (routing.sort(-1).values != old_routing.sort(-1).values).any(-1)   # [L, N, T]
+    return ((changed.float() * mask).sum() / (mask.sum() * len(routing))).item()
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation, logging
+# ----------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate(model, world, batch_size=512):
+    """Greedy accuracy on the fixed held-out set."""
+    correct = 0.0
+    for start in range(0, len(world.eval), batch_size):
+        rows = world.eval[start:start + batch_size]
+        rollout = generate(model, world, [p for p, _ in rows], 1, 1.0, greedy=True)
+        correct += rewards_of(world, rollout, [a for _, a in rows], 1).sum().item()
+    return correct / len(world.eval)
+
+
+class Logger:
+    """Appends one JSON object per step to DIR/metrics.jsonl."""
+
+    def __init__(self, out_dir):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    def log(self, metrics):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def optimizer_step(model, optimizer, loss, max_grad_norm):
+    """Backward, clip the gradient norm, step. Returns the gradient norm before clipping."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return grad_norm.item()
+
+
+def rollout_metrics(rewards, rollout):
+    lengths = rollout.mask.sum(1)
+    return {"reward_mean": rewards.mean().item(), "accuracy": (rewards == 1).float().mean().item(),
+            "response_len_mean": lengths.mean().item(), "truncated_frac": 1 - rollout.finished.float().mean().item()}
+
+
+def model_metrics(entropy, mask, routing, old_routing, aux_loss):
+    """Per-minibatch metrics of the model rather than the loss: the sampling distribution's entropy,
+    and for MoE models how far routing drifted from the rollout's and the load-balancing loss."""
+    metrics = {"entropy": masked_mean(entropy, mask).item()}
+    if routing is not None:
+        metrics["routing_drift"] = routing_drift(routing, old_routing, mask)
+        metrics["load_balancing_loss"] = aux_loss.item()
+    return metrics
+
+
+def mean_metrics(per_minibatch):
+    """Average a list of metric dicts (one per minibatch) key by key."""
+    return {k: sum(m[k] for m in per_minibatch) / len(per_minibatch) for k in per_minibatch[0]}
+
+
+def log_eval(logger, model, world, step):
+    record = {"step": step, "eval_accuracy": evaluate(model, world)}
+    logger.log(record)
+    print(f"step {step}: eval accuracy (greedy, {len(world.eval)} held-out prompts) {record['eval_accuracy']:.3f}")
+    return record
+
+
+def log_step(logger, bar, record, model, world, args):
+    """Evaluate when due, write the step's record, update the progress bar."""
+    if (args.eval_every and record["step"] % args.eval_every == 0) or record["step"] == args.steps:
+        record["eval_accuracy"] = evaluate(model, world)
+    logger.log(record)
+    bar.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{record['accuracy']:.2f}",
+                    eval=f"{record.get('eval_accuracy', float('nan')):.2f}", refresh=False)
+    return record
+
+
+def finish(history):
+    """The run's summary: base and final eval accuracy, sampled accuracy, time per step by phase."""
+    steps = [h for h in history if "step_time_s" in h]
+    last = steps[-max(1, len(steps) // 10):]
+    print(f"eval accuracy (greedy): base {history[0]['eval_accuracy']:.3f} -> final {history[-1]['eval_accuracy']:.3f}; "
+          f"sampled accuracy over the last {len(last)} steps {sum(h['accuracy'] for h in last) / len(last):.3f}")
+    phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
+                       for k in steps[0] if k.startswith("time_"))
+    print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
+          f"total {sum(h['step_time_s'] for h in steps):.0f} s")

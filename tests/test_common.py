@@ -1,0 +1,147 @@
+"""common.py: sampling, log-probs, padding, rewards, and grpo.py end to end on the toy and on tiny
+Hugging Face models built locally."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import grpo
+from moe_model import MoEConfig, MoETransformer
+
+
+def toy():
+    world = common.toy_world("add", 50, None)
+    torch.manual_seed(0)
+    return MoETransformer(MoEConfig(vocab_size=len(common.TOY_VOCAB))), world
+
+
+def test_rollout_mask_covers_tokens_up_to_and_including_eos():
+    model, world = toy()
+    torch.manual_seed(1)
+    prompts, _ = world.sample(8)
+    rollout = common.generate(model, world, prompts, 4, temperature=1.0)
+    completions, mask = rollout.completions, rollout.mask.bool()
+    assert completions.shape[0] == 32 and completions.shape[1] <= world.max_new_tokens
+    for row, m, done in zip(completions, mask, rollout.finished):
+        n = int(m.sum())
+        assert m[:n].all() and not m[n:].any()                       # a prefix
+        assert (row[n:] == world.pad_id).all()                       # padding after it
+        assert (row[:n] != world.pad_id).all()                       # PAD is never sampled
+        eos = (row[:n] == world.eos_id).nonzero().flatten().tolist()
+        assert eos == ([n - 1] if done else [])                      # only EOS is the last kept token
+
+
+def test_logprobs_are_those_of_the_sampling_distribution():
+    model, world = toy()
+    torch.manual_seed(2)
+    prompts, _ = world.sample(4)
+    rollout = common.generate(model, world, prompts, 2, temperature=0.7)
+    logp, entropy, _, _ = common.logprobs(model, world, rollout, temperature=0.7)
+    # Independent: full forward, then each completion token's log-prob at logits / 0.7, PAD excluded.
+    logits, _, _ = model(rollout.tokens)
+    P, T = rollout.tokens.shape[1] - rollout.mask.shape[1], rollout.mask.shape[1]
+    z = logits[:, P - 1:P - 1 + T].clone()
+    z[..., world.pad_id] = -float("inf")
+    expected = F.log_softmax(z / 0.7, -1).gather(-1, rollout.completions[..., None]).squeeze(-1)
+    m = rollout.mask.bool()
+    assert torch.allclose(logp[m], expected[m], atol=1e-5) and (logp[~m] == 0).all()
+    p = F.softmax(z / 0.7, -1)
+    assert torch.allclose(entropy, -(p * p.clamp_min(1e-30).log()).sum(-1), atol=1e-5)
+
+
+def test_greedy_generation_with_cache_matches_argmax_of_full_forward():
+    model, world = toy()
+    prompts, _ = world.sample(6)
+    rollout = common.generate(model, world, prompts, 1, 1.0, greedy=True)
+    logits, _, _ = model(rollout.tokens)
+    P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+    z = logits[:, P - 1:-1].clone()
+    z[..., world.pad_id] = -float("inf")
+    m = rollout.mask.bool()
+    assert torch.equal(z.argmax(-1)[m], rollout.completions[m])
+
+
+def test_old_logprobs_in_chunks_match_one_pass_and_record_routing():
+    model, world = toy()
+    prompts, _ = world.sample(4)
+    rollout = common.generate(model, world, prompts, 4, 1.0)
+    logp, _, routing, _ = common.logprobs(model, world, rollout, 1.0)
+    old_logp, old_routing = common.old_logprobs(model, world, rollout, 1.0, chunks=4)
+    assert torch.allclose(old_logp, logp, atol=1e-6) and torch.equal(old_routing, routing)
+    assert common.routing_drift(routing, old_routing, rollout.mask) == 0.0
+    changed = old_routing.clone()
+    changed[0, :, -rollout.mask.shape[1]:] = (changed[0, :, -rollout.mask.shape[1]:] + 1) % 8  # layer 0 of 2
+    assert common.routing_drift(changed, old_routing, rollout.mask) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("text, answer, reward", [
+    ("so the answer is \\boxed{42}.", "42", 1.0),
+    ("\\boxed{41} no wait, \\boxed{42}", "42", 1.0),
+    ("3 + 4 = 7", "7", 1.0),
+    ("it is 1,234 exactly", "1234", 1.0),
+    ("7.0", "7", 1.0),
+    ("3 + 4 = 8", "7", 0.0),
+    ("no idea", "7", 0.0),
+])
+def test_final_answer_reward(text, answer, reward):
+    assert common.answer_reward(text, answer, finished=True) == reward
+
+
+def test_toy_reward_needs_the_exact_answer_and_eos():
+    assert common.toy_reward("92", "92", True) == 1.0
+    assert common.toy_reward("92", "92", False) == 0.0
+    assert common.toy_reward("921", "92", True) == 0.0
+
+
+def test_left_padding_does_not_change_hf_logprobs(hf_dense):
+    model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
+    world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 6)
+    short = torch.tensor(tokenizer("what is 1+2?")["input_ids"])
+    long = torch.tensor(tokenizer("what is 12+34? ok ok ok")["input_ids"])
+    torch.manual_seed(0)
+    both = common.generate(model, world, [short, long], 1, 1.0)
+    alone = common.Rollout(*[x[:1] for x in (both.tokens, both.attention_mask, both.mask, both.finished)])
+    # The short prompt's row without the left padding.
+    pad = len(long) - len(short)
+    alone.tokens, alone.attention_mask = alone.tokens[:, pad:], alone.attention_mask[:, pad:]
+    logp_batched = common.logprobs(model, world, both, 1.0)[0][0]
+    logp_alone = common.logprobs(model, world, alone, 1.0)[0][0]
+    m = both.mask[0].bool()
+    assert torch.allclose(logp_batched[m], logp_alone[m], atol=1e-5)
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+TINY = ["--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2",
+        "--eval-size", "16", "--eval-every", "2"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--routing-replay"], ["--beta", "0.04"], ["--n-experts", "1"]])
+def test_grpo_end_to_end_on_the_toy(tmp_path, extra):
+    grpo.main(TINY + extra + ["--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [("eval_accuracy" in r) for r in rows] == [True, False, True, True]
+    for r in rows[1:]:
+        for key in ("reward_mean", "clip_frac", "entropy", "response_len_mean", "step_time_s", "grad_norm"):
+            assert key in r and r[key] == r[key]                       # present, not NaN
+        assert ("routing_drift" in r) == (extra != ["--n-experts", "1"])
+        assert ("kl_ref" in r) == (extra == ["--beta", "0.04"])
+        if extra == ["--routing-replay"]:
+            assert r["routing_drift"] >= 0
+
+
+@pytest.mark.parametrize("which", ["hf_dense", "hf_moe"])
+def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
+    folder = request.getfixturevalue(which)
+    grpo.main(["--model", str(folder), "--data", str(jsonl), "--max-new-tokens", "6", "--eval-size", "5",
+               "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2",
+               "--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert ("routing_drift" in rows[1]) == (which == "hf_moe")
+    assert all(r["response_len_mean"] <= 6 for r in rows[1:])

@@ -1,0 +1,72 @@
+"""Bad input gets one clear line on stderr and exit code 2, never a traceback."""
+import json
+
+import pytest
+
+import grpo
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        grpo.main(argv)
+    err = capsys.readouterr().err
+    return stop.value.code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--group-size", "1"], "--group-size must be at least 2"),
+    (["--steps", "0"], "--steps must be positive"),
+    (["--prompts-per-step", "-3"], "--prompts-per-step must be positive"),
+    (["--temperature", "0"], "--temperature must be positive"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--clip-eps", "0"], "--clip-eps must be positive"),
+    (["--beta", "-0.1"], "--beta must be 0 or positive"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--minibatches", "3"], "--minibatches 3 must divide the 128 completions"),
+    (["--task", "chess"], "unknown --task 'chess'"),
+    (["--device", "tpu"], "unknown --device 'tpu'"),
+    (["--max-new-tokens", "100"], "longer than the toy model's context"),
+    (["--n-experts", "1", "--routing-replay"], "--routing-replay needs the toy MoE"),
+    (["--data", "x.jsonl"], "--data needs --model"),
+    (["--steps", "abc"], "invalid int value: 'abc'"),
+])
+def test_bad_flags(argv, message, capsys):
+    code, err = run(argv, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_model_folder_that_does_not_exist(tmp_path, jsonl, capsys):
+    code, err = run(["--model", str(tmp_path / "nope"), "--data", str(jsonl)], capsys)
+    assert code == 2 and "no such folder" in err
+
+
+def test_model_folder_that_is_not_a_model(tmp_path, jsonl, capsys):
+    code, err = run(["--model", str(tmp_path), "--data", str(jsonl)], capsys)
+    assert code == 2 and "cannot load a causal LM" in err
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": \n', "line 2: not valid JSON"),
+    ('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2"}\n', 'line 2: each line needs a "prompt" and an "answer"'),
+    ('["1+1", "2"]\n', 'line 1: each line needs'),
+    ('{"prompt": "", "answer": "2"}\n', 'line 1: "prompt" must be a non-empty string'),
+    ("\n\n", "the file holds no rows"),
+])
+def test_malformed_data(tmp_path, hf_dense, content, message, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    code, err = run(["--model", str(hf_dense), "--data", str(path)], capsys)
+    assert code == 2 and message in err
+
+
+def test_missing_data_file(tmp_path, hf_dense, capsys):
+    code, err = run(["--model", str(hf_dense), "--data", str(tmp_path / "none.jsonl")], capsys)
+    assert code == 2 and "no such file" in err
+
+
+def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"prompt": "what is 1+1?", "answer": 2}) + "\n"
+                    + json.dumps({"prompt": "a" * 200, "answer": 2}) + "\n")
+    code, err = run(["--model", str(hf_dense), "--data", str(path), "--max-new-tokens", "8"], capsys)
+    assert code == 2 and "row 2: prompt of 200 tokens" in err and "context of 128 tokens" in err
