@@ -47,7 +47,7 @@ class Args:
     task: str = arg("add", "toy task (ignored with --model): " + ", ".join(common.TASKS))
     model: Optional[str] = arg(None, "Hugging Face causal LM, a local folder or Hub id (default: the toy MoE)")
     data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model')
-    steps: int = arg(400, "rollout batches; each gives --minibatches optimizer steps")
+    steps: int = arg(2400, "rollout batches; each gives --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
     out: Optional[str] = arg(None, "folder for metrics.jsonl (default: runs/<script>-<task>)")
@@ -113,7 +113,7 @@ def train(args):
     check(not args.routing_replay or common.is_toy_moe(policy), "--routing-replay needs the toy MoE (n_experts > 1)")
     common.seed_everything(args.seed)
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     logger = common.Logger(args.out or f"runs/{Path(__file__).stem}-{args.task if args.model is None else 'hf'}")
     history = [common.log_eval(logger, policy, world, step=0)]
     bar = tqdm(range(1, args.steps + 1), desc=Path(__file__).stem)

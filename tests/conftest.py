@@ -57,3 +57,7 @@ def jsonl(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", 'slow: long tests (real learning); skip them with -m "not slow"')
