@@ -335,25 +335,26 @@ def is_moe(model):
 # Forward pass, sampling with a KV cache, per-token log-probs
 # ----------------------------------------------------------------------------------------------
 
-def forward(model, tokens, attention_mask, cache=None, routing=None, use_cache=False):
+def forward(model, tokens, attention_mask, cache=None, routing=None, use_cache=False, keep=0):
     """One forward pass of the toy MoE or a Hugging Face model, same outputs for both.
     tokens [B, S] are the new tokens; attention_mask [B, all tokens so far] (left padding).
-    Returns logits [B, S, V] in fp32, the router's top-k choice [n_layers, B, S, k] (None for
-    dense models), the load-balancing loss (or None) and the KV cache to pass to the next call."""
+    Returns logits [B, keep or S, V] in fp32 (only the last `keep` positions, to save memory on a
+    large vocabulary), the router's top-k choice [n_layers, B, S, k] (None for dense models), the
+    load-balancing loss (or None) and the KV cache to pass to the next call."""
     if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
         if use_cache and cache is None:
             cache = [None] * model.cfg.n_layers
         with autocast(tokens.device):
             logits, chosen, aux_loss = model(tokens, cache=cache, routing=routing)
-        return logits.float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
+        return logits[:, -keep:].float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
     check(routing is None, "Routing Replay is implemented for the toy MoE model only")
     # Left padding: positions count only real tokens, so every prompt starts at position 0.
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
-    # Sampling needs only the last position's logits and no routing; scoring needs every position.
-    extra = {"logits_to_keep": 1} if use_cache else {"output_router_logits": True} if is_moe(model) else {}
+    # Routing is read when scoring; while sampling, the router's loss would trip over the cache.
+    extra = {"output_router_logits": True} if is_moe(model) and not use_cache else {}
     with autocast(tokens.device):
         out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                    use_cache=use_cache, **extra)
+                    use_cache=use_cache, logits_to_keep=keep, **extra)
     chosen = None
     if getattr(out, "router_logits", None) is not None:  # per layer [B*S, E] -> router's top-k [L, B, S, k]
         k = model.config.num_experts_per_tok
@@ -404,7 +405,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False):
     tokens, attention_mask = tokens.to(device), attention_mask.to(device)
     N, P = tokens.shape
     new, alive = [], torch.ones(N, dtype=torch.bool, device=device)
-    logits, _, _, cache = forward(model, tokens, attention_mask, use_cache=True)
+    logits, _, _, cache = forward(model, tokens, attention_mask, use_cache=True, keep=1)
     for t in range(world.max_new_tokens):
         next_logits = mask_logits(logits[:, -1] / temperature, world)
         if greedy:
@@ -417,7 +418,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False):
         if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-        logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True)
+        logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True, keep=1)
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = completion == world.eos_id
     finished = is_eos.any(1)
@@ -444,8 +445,8 @@ def logprobs(model, world, rollout, temperature, routing=None):
     `routing` (same shape) replays recorded experts: Routing Replay."""
     T = rollout.mask.shape[1]
     logits, chosen, aux_loss, _ = forward(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1],
-                                          routing=routing)
-    logits = mask_logits(logits[:, -T:] / temperature, world)           # position P+t-1 predicts token t
+                                          routing=routing, keep=T)
+    logits = mask_logits(logits / temperature, world)                   # position P+t-1 predicts token t
     all_logp = F.log_softmax(logits, dim=-1)                            # [N, T, V]
     logp = all_logp.gather(-1, rollout.completions[..., None]).squeeze(-1)
     logp = logp.masked_fill(rollout.mask == 0, 0.0)                     # padding: 0, not log 0
@@ -457,11 +458,12 @@ def logprobs(model, world, rollout, temperature, routing=None):
 @torch.no_grad()
 def old_logprobs(model, world, rollout, temperature, chunks):
     """Log-probs of a whole rollout batch under a fixed policy (old or reference), one forward per
-    chunk to bound memory. Also returns the routing of every position [L, N, P+T-1, k] (or None),
-    recorded for Routing Replay and for measuring how routing drifts during the update."""
+    chunk to bound memory. Returns logp [N, T], the entropy of that policy's sampling distribution
+    [N, T], and the routing of every position [L, N, P+T-1, k] (or None), recorded for Routing
+    Replay and for measuring how routing drifts during the update."""
     parts = [logprobs(model, world, rollout[idx], temperature) for idx in minibatches(len(rollout.mask), chunks)]
     routing = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
-    return torch.cat([p[0] for p in parts]), routing
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), routing
 
 
 def minibatches(n, count):
@@ -520,20 +522,19 @@ def optimizer_step(model, optimizer, loss, max_grad_norm):
     return grad_norm.item()
 
 
-def rollout_metrics(rewards, rollout):
-    lengths = rollout.mask.sum(1)
+def rollout_metrics(rewards, rollout, entropy):
+    """What the rollout batch looked like; `entropy` [N, T] is the sampling distribution's."""
     return {"reward_mean": rewards.mean().item(), "accuracy": (rewards == 1).float().mean().item(),
-            "response_len_mean": lengths.mean().item(), "truncated_frac": 1 - rollout.finished.float().mean().item()}
+            "response_len_mean": rollout.mask.sum(1).mean().item(),
+            "truncated_frac": 1 - rollout.finished.float().mean().item(),
+            "entropy": masked_mean(entropy, rollout.mask).item()}
 
 
-def model_metrics(entropy, mask, routing, old_routing, aux_loss):
-    """Per-minibatch metrics of the model rather than the loss: the sampling distribution's entropy,
-    and for MoE models how far routing drifted from the rollout's and the load-balancing loss."""
-    metrics = {"entropy": masked_mean(entropy, mask).item()}
-    if routing is not None:
-        metrics["routing_drift"] = routing_drift(routing, old_routing, mask)
-        metrics["load_balancing_loss"] = aux_loss.item()
-    return metrics
+def moe_metrics(routing, old_routing, mask, aux_loss):
+    """For MoE models, per minibatch: how far routing drifted from the rollout's, the router's loss."""
+    if routing is None:
+        return {}
+    return {"routing_drift": routing_drift(routing, old_routing, mask), "load_balancing_loss": aux_loss.item()}
 
 
 def mean_metrics(per_minibatch):

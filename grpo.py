@@ -10,7 +10,7 @@ per token, as in PPO.
     KL_it = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1                   (k3 estimator, >= 0)
 
 Run it
-    python grpo.py                     # toy MoE on two-digit addition, 2 CPU cores: MEASURED_DEFAULT
+    python grpo.py                     # toy MoE learns two-digit addition: ~4 min on 2 CPU cores
     python grpo.py --routing-replay    # replay the old policy's experts in the update (MoE only)
     python grpo.py --help              # every flag
     python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
@@ -21,9 +21,14 @@ compute the old policy's log-probs once, then split the batch into --minibatches
 step on each. The first minibatch is on-policy (ratio exactly 1); later ones are off-policy, which is
 where the clipping acts. Metrics go to runs/grpo-<task>/metrics.jsonl.
 
+What to expect (2 CPU cores, seed 0): greedy accuracy on 500 held-out problems 0.60 -> 0.81, sampled
+accuracy 0.36 over the first 300 steps -> 0.75 over the last 240, entropy 0.51 -> 0.12, about 1% of
+tokens clipped, 0.087 s per step (generation 0.018, old log-probs 0.014, update 0.055).
+
 What was simplified, and why
-- beta defaults to 0 (no reference model is built): the paper's 0.04 is there with --beta 0.04;
-  BETA_NOTE
+- beta defaults to 0 (no reference model is built); the paper's value is --beta 0.04. Measured on the
+  toy over 2400 steps, 0.04 changed nothing (sampled accuracy 0.74 vs 0.75 at the end) and cost 13%
+  more time per step for the reference forward pass.
 - One pass over the minibatches per rollout batch (no extra epochs), contiguous minibatches (whole
   groups together), and the MoE load-balancing loss is logged but not added to the RL loss.
 - Routing Replay (--routing-replay) works on the toy MoE only; Hugging Face MoE models report their
@@ -126,7 +131,8 @@ def train(args):
         rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        old_logp, old_routing = common.old_logprobs(policy, world, rollout, args.temperature, args.minibatches)
+        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
+                                                             args.minibatches)
         t2 = time.perf_counter()
         ref_logp = None if ref is None else common.old_logprobs(ref, world, rollout, args.temperature,
                                                                 args.minibatches)[0]
@@ -136,16 +142,16 @@ def train(args):
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             replay = old_routing[:, idx] if args.routing_replay else None
-            logp, entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature, replay)
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature, replay)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
             metrics["grad_norm"] = common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.model_metrics(entropy, rollout.mask[idx], routing,
-                                                        None if old_routing is None else old_routing[:, idx], aux_loss))
+            stats.append(metrics | common.moe_metrics(routing, None if routing is None else old_routing[:, idx],
+                                                      rollout.mask[idx], aux_loss))
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
-        record = {"step": step, **common.rollout_metrics(rewards, rollout), **common.mean_metrics(stats),
+        record = {"step": step, **common.rollout_metrics(rewards, rollout, entropy), **common.mean_metrics(stats),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_ref_s": t3 - t2, "time_update_s": t4 - t3}
         history.append(common.log_step(logger, bar, record, policy, world, args))

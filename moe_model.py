@@ -148,6 +148,8 @@ class MoETransformer(nn.Module):
         mean load-balancing loss over layers."""
         B, S = tokens.shape
         start = 0 if cache is None or cache[0] is None else cache[0][0].shape[2]
+        if start > 0 and S > 1:  # SDPA's causal mask would be aligned to the wrong corner
+            raise ValueError("with a filled KV cache, feed one token at a time")
         if start + S > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start + S} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
         angles = torch.arange(start, start + S, device=tokens.device)[:, None] * self.inv_freq  # [S, half]

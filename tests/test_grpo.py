@@ -102,6 +102,10 @@ def test_kl_term():
     assert (k3 >= 0).all()
     assert loss.item() == pytest.approx(0.04 * k3.mean().item(), rel=1e-5)
     assert metrics["kl_ref"] == pytest.approx(k3.mean().item(), rel=1e-5)
+    # Gradient: d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp), pulling logp to ref.
+    logp.grad = None
+    loss.backward()
+    assert torch.allclose(logp.grad, 0.04 * (1 - d.exp()) / (N * T), atol=1e-7)
 
 
 def test_padding_does_not_change_the_loss():
