@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import typing
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from moe_model import MoEConfig, MoETransformer
 
@@ -61,18 +63,9 @@ def parse_args(cls, doc, argv=None):
     return cls(**vars(parser.parse_args(argv)))
 
 
-def run_main(train, args):
-    """Run `train(args)`; bad input ends with one line on stderr and exit code 2."""
-    try:
-        train(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
 def check_common_args(args):
     """Checks shared by every script; each script checks its own hyperparameters too."""
-    for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size"):
+    for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size", "max_grad_norm"):
         check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     check(args.group_size >= 2, f"--group-size must be at least 2 (advantages compare completions within a "
                                 f"group), got {args.group_size}")
@@ -81,6 +74,7 @@ def check_common_args(args):
     check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
     check(args.lr > 0, f"--lr must be positive, got {args.lr}")
     check(args.eval_every >= 0, f"--eval-every must be 0 (only at start and end) or positive, got {args.eval_every}")
+    check(args.save_every >= 0, f"--save-every must be 0 (only at the end) or positive, got {args.save_every}")
     n = args.prompts_per_step * args.group_size
     check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
                                      f"(--prompts-per-step x --group-size)")
@@ -432,8 +426,15 @@ def generate(model, world, prompts, group_size, temperature, greedy=False):
 def rewards_of(world, rollout, answers, group_size):
     """Task reward of every completion [N]; `answers` has one entry per prompt."""
     texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
-    rewards = [world.reward(text, answers[i // group_size], bool(done))
-               for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist()))]
+    rewards = []
+    for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist())):
+        try:
+            rewards.append(float(world.reward(text, answers[i // group_size], bool(done))))
+        except Exception as e:  # a user's reward function: say which prompt broke it
+            P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+            prompt = world.decode(rollout.tokens[i, :P][rollout.attention_mask[i, :P].bool()].tolist())
+            raise UsageError(f"the reward function raised {type(e).__name__}: {e} (prompt {prompt[-200:]!r}, "
+                             f"completion {text[:200]!r})") from None
     return torch.tensor(rewards, device=rollout.mask.device)
 
 
@@ -496,30 +497,23 @@ def evaluate(model, world, batch_size=512):
     return correct / len(world.eval)
 
 
-class Logger:
-    """Appends one JSON object per step to DIR/metrics.jsonl."""
-
-    def __init__(self, out_dir):
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
-
-    def log(self, metrics):
-        with open(self.path, "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-
-
 def masked_mean(x, mask):
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def optimizer_step(model, optimizer, loss, max_grad_norm):
-    """Backward, clip the gradient norm, step. Returns the gradient norm before clipping."""
+    """Backward, clip the gradient norm, step, unless the loss or the gradient is not finite: then
+    the update is skipped (the weights stay as they were) and counted. Returns metrics."""
     optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return {"grad_norm": float("nan"), "skipped_updates": 1}
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "skipped_updates": 1}
     optimizer.step()
-    return grad_norm.item()
+    return {"grad_norm": grad_norm, "skipped_updates": 0}
 
 
 def rollout_metrics(rewards, rollout, entropy):
@@ -538,34 +532,172 @@ def moe_metrics(routing, old_routing, mask, aux_loss):
 
 
 def mean_metrics(per_minibatch):
-    """Average a list of metric dicts (one per minibatch) key by key."""
-    return {k: sum(m[k] for m in per_minibatch) / len(per_minibatch) for k in per_minibatch[0]}
+    """Average metric dicts (one per minibatch) key by key over their finite values (a skipped
+    update's NaN is left out); skipped_updates is a count, so it is summed."""
+    out = {}
+    for k in per_minibatch[0]:
+        values = [m[k] for m in per_minibatch if k in m and math.isfinite(m[k])]
+        out[k] = sum(values) if k == "skipped_updates" else sum(values) / len(values) if values else None
+    return out
 
 
-def log_eval(logger, model, world, step):
-    record = {"step": step, "eval_accuracy": evaluate(model, world)}
-    logger.log(record)
-    print(f"step {step}: eval accuracy (greedy, {len(world.eval)} held-out prompts) {record['eval_accuracy']:.3f}")
-    return record
+# ----------------------------------------------------------------------------------------------
+# A run: metrics.jsonl, evaluation, progress bar, checkpoints and resuming
+# ----------------------------------------------------------------------------------------------
+
+class RunStopped(Exception):
+    """The run stopped on purpose (repeated non-finite updates): message printed, exit code 1."""
 
 
-def log_step(logger, bar, record, model, world, args):
-    """Evaluate when due, write the step's record, update the progress bar."""
-    if (args.eval_every and record["step"] % args.eval_every == 0) or record["step"] == args.steps:
-        record["eval_accuracy"] = evaluate(model, world)
-    logger.log(record)
-    bar.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{record['accuracy']:.2f}",
-                    eval=f"{record.get('eval_accuracy', float('nan')):.2f}", refresh=False)
-    return record
+# Settings a resumed run may change; any other difference from the checkpoint's is refused.
+RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every"}
+MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 
-def finish(history):
-    """The run's summary: base and final eval accuracy, sampled accuracy, time per step by phase."""
-    steps = [h for h in history if "step_time_s" in h]
-    last = steps[-max(1, len(steps) // 10):]
-    print(f"eval accuracy (greedy): base {history[0]['eval_accuracy']:.3f} -> final {history[-1]['eval_accuracy']:.3f}; "
-          f"sampled accuracy over the last {len(last)} steps {sum(h['accuracy'] for h in last) / len(last):.3f}")
-    phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
-                       for k in steps[0] if k.startswith("time_"))
-    print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
-          f"total {sum(h['step_time_s'] for h in steps):.0f} s")
+def run_main(train, args):
+    """Run `train(args)`: bad input ends with one line on stderr and exit code 2, a deliberate
+    stop with exit code 1, Ctrl-C (after its checkpoint) with 130. No tracebacks for any of them."""
+    try:
+        train(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except RunStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+class Run:
+    """The plumbing around a training loop, so the loop shows only the algorithm:
+
+        run = Run("grpo", args, world, {"policy": policy, "optimizer": optimizer})
+        for step in run.steps():     # resumes after the checkpoint's step; a progress bar
+            ...
+            run.log(record)          # evaluation when due, metrics.jsonl, checkpoint every --save-every
+        run.finish()                 # last checkpoint, summary
+
+    `state` maps names to everything with a state_dict (policy, optimizer, a critic...); the first
+    entry is the policy. A checkpoint holds those, the step, every random generator's state and the
+    arguments; it is written to a temporary file and renamed, so a crash never leaves half of one.
+    Ctrl-C finishes the current step, saves, and stops; a second Ctrl-C stops at once."""
+
+    def __init__(self, algorithm, args, world, state):
+        self.algorithm, self.args, self.world, self.state = algorithm, args, world, state
+        self.policy = next(iter(state.values()))
+        default = f"runs/{algorithm}-{args.task if args.model is None else 'hf'}"
+        check(not (args.resume and args.out and Path(args.out) != Path(args.resume)),
+              "--resume DIR continues in DIR; leave out --out (or give the same folder)")
+        self.out = Path(args.resume or args.out or default)
+        self.metrics_path, self.checkpoint_path = self.out / "metrics.jsonl", self.out / "checkpoint.pt"
+        self.bad_steps, self.interrupted = 0, False
+        if args.resume:
+            self.start = self.load()
+            rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+            self.history = [r for r in rows if r["step"] <= self.start]  # drop steps logged after the checkpoint
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            print(f"resuming {self.checkpoint_path} at step {self.start}")
+        else:
+            self.start, self.history = 0, []
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.metrics_path.write_text("")
+            self.write({"step": 0, "eval_accuracy": evaluate(self.policy, world)})
+            print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
+                  f"{self.history[0]['eval_accuracy']:.3f}")
+
+    def steps(self):
+        check(self.start < self.args.steps, f"--resume: the checkpoint is at step {self.start} already; "
+                                            f"give a larger --steps to train on")
+        previous = signal.signal(signal.SIGINT, self.on_interrupt)
+        try:
+            self.bar = tqdm(range(self.start + 1, self.args.steps + 1), desc=self.algorithm, initial=self.start,
+                            total=self.args.steps)
+            for step in self.bar:
+                yield step
+                if self.interrupted:
+                    self.save(step)
+                    self.bar.close()
+                    print(f"interrupted: saved step {step} to {self.checkpoint_path}; "
+                          f"continue with --resume {self.out}", file=sys.stderr)
+                    raise KeyboardInterrupt
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def on_interrupt(self, signum, frame):
+        if self.interrupted:  # the second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop at once)",
+              file=sys.stderr)
+
+    def log(self, record):
+        """Evaluate when due, write the step's record, watch for non-finite updates, save when due."""
+        step, args = record["step"], self.args
+        if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+            record["eval_accuracy"] = evaluate(self.policy, self.world)
+        self.write(record)
+        self.bar.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{record['accuracy']:.2f}",
+                             eval=f"{self.last_eval():.2f}", refresh=False)
+        self.bad_steps = self.bad_steps + 1 if record.get("skipped_updates") else 0
+        if self.bad_steps >= MAX_BAD_STEPS:
+            # Skipped updates leave the weights untouched: what is saved is the last good state.
+            self.save(step)
+            self.bar.close()
+            raise RunStopped(f"non-finite loss or gradient in {self.bad_steps} steps in a row "
+                             f"(steps {step - self.bad_steps + 1}-{step}); the last good state is saved "
+                             f"in {self.checkpoint_path}")
+        if args.save_every and step % args.save_every == 0:
+            self.save(step)
+
+    def write(self, record):
+        self.history.append(record)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def last_eval(self):
+        return next(r["eval_accuracy"] for r in reversed(self.history) if "eval_accuracy" in r)
+
+    def save(self, step):
+        checkpoint = {"algorithm": self.algorithm, "step": step, "args": dataclasses.asdict(self.args),
+                      "rng": torch.get_rng_state(),
+                      "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                      **{name: obj.state_dict() for name, obj in self.state.items()}}
+        tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, self.checkpoint_path)  # atomic: the old checkpoint stays until the new one is whole
+
+    def load(self):
+        where = f"--resume {self.args.resume}"
+        check(self.checkpoint_path.is_file(), f"{where}: no checkpoint.pt in that folder")
+        try:  # weights_only: a checkpoint is data, never code to run
+            checkpoint = torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UsageError(f"{where}: cannot read checkpoint.pt ({str(e).splitlines()[0]})") from None
+        check(isinstance(checkpoint, dict) and "algorithm" in checkpoint, f"{where}: checkpoint.pt is not one of ours")
+        check(checkpoint["algorithm"] == self.algorithm,
+              f"{where}: the checkpoint is from {checkpoint['algorithm']}.py, not {self.algorithm}.py")
+        saved, now = checkpoint["args"], dataclasses.asdict(self.args)
+        differ = [f"--{k.replace('_', '-')} {saved.get(k)} in the checkpoint, {v} now"
+                  for k, v in now.items() if k not in RESUMABLE and saved.get(k) != v]
+        check(not differ, f"{where}: settings differ from the checkpoint's: " + "; ".join(differ))
+        for name, obj in self.state.items():
+            obj.load_state_dict(checkpoint[name])
+        torch.set_rng_state(checkpoint["rng"])
+        if checkpoint["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+        return checkpoint["step"]
+
+    def finish(self):
+        """Last checkpoint, then the run's summary: base and final eval accuracy, sampled accuracy,
+        time per step by phase."""
+        self.save(self.history[-1]["step"])
+        steps = [h for h in self.history if "step_time_s" in h]
+        last = steps[-max(1, len(steps) // 10):]
+        print(f"eval accuracy (greedy): base {self.history[0]['eval_accuracy']:.3f} -> final "
+              f"{self.last_eval():.3f}; sampled accuracy over the last {len(last)} steps "
+              f"{sum(h['accuracy'] for h in last) / len(last):.3f}")
+        phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
+                           for k in steps[0] if k.startswith("time_"))
+        print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
+              f"total {sum(h['step_time_s'] for h in steps):.0f} s; checkpoint and metrics in {self.out}")

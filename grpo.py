@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
 import common
 from common import arg, check
@@ -55,7 +54,9 @@ class Args:
     steps: int = arg(2400, "rollout batches; each gives --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
-    out: Optional[str] = arg(None, "folder for metrics.jsonl (default: runs/<script>-<task>)")
+    out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: runs/<script>-<task>)")
+    resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")
+    save_every: int = arg(100, "checkpoint every N steps (0: only at the end); also on Ctrl-C")
     eval_every: int = arg(50, "greedy evaluation on the held-out set every N steps (0: only at start and end)")
     eval_size: int = arg(500, "held-out prompts for evaluation")
     # toy model
@@ -119,11 +120,9 @@ def train(args):
     common.seed_everything(args.seed)
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    logger = common.Logger(args.out or f"runs/{Path(__file__).stem}-{args.task if args.model is None else 'hf'}")
-    history = [common.log_eval(logger, policy, world, step=0)]
-    bar = tqdm(range(1, args.steps + 1), desc=Path(__file__).stem)
+    run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
-    for step in bar:
+    for step in run.steps():
         # ------------------------------------------------------------ rollout
         t0 = time.perf_counter()
         prompts, answers = world.sample(args.prompts_per_step)
@@ -145,7 +144,7 @@ def train(args):
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature, replay)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
-            metrics["grad_norm"] = common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
+            metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             stats.append(metrics | common.moe_metrics(routing, None if routing is None else old_routing[:, idx],
                                                       rollout.mask[idx], aux_loss))
         t4 = time.perf_counter()
@@ -154,9 +153,9 @@ def train(args):
         record = {"step": step, **common.rollout_metrics(rewards, rollout, entropy), **common.mean_metrics(stats),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_ref_s": t3 - t2, "time_update_s": t4 - t3}
-        history.append(common.log_step(logger, bar, record, policy, world, args))
+        run.log(record)
 
-    common.finish(history)
+    run.finish()
 
 
 def main(argv=None):

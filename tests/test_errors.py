@@ -29,6 +29,10 @@ def run(argv, capsys):
     (["--n-experts", "1", "--routing-replay"], "--routing-replay needs the toy MoE"),
     (["--data", "x.jsonl"], "--data needs --model"),
     (["--steps", "abc"], "invalid int value: 'abc'"),
+    (["--save-every", "-1"], "--save-every must be 0 (only at the end) or positive"),
+    (["--max-grad-norm", "0"], "--max-grad-norm must be positive"),
+    (["--eval-size", "0"], "--eval-size must be positive"),
+    (["--eval-every", "-5"], "--eval-every must be 0"),
 ])
 def test_bad_flags(argv, message, capsys):
     code, err = run(argv, capsys)

@@ -1,0 +1,171 @@
+"""Runs that survive: determinism, checkpoints, resume, Ctrl-C, non-finite updates, refusals."""
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+import common
+import grpo
+
+TINY = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
+        "--eval-every", "2"]
+
+
+def metrics(out):
+    """Every logged number except wall-clock timings."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "step_time_s"} for r in rows]
+
+
+def run(argv, capsys=None):
+    """grpo.main in this process; returns the exit code (0 when it returned) and stderr."""
+    try:
+        grpo.main(argv)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, (capsys.readouterr().err if capsys else "")
+
+
+def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "a")])
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "b")])
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "c"), "--seed", "1"])
+    a, b, c = metrics(tmp_path / "a"), metrics(tmp_path / "b"), metrics(tmp_path / "c")
+    assert len(a) == 5 and a == b
+    assert a[1:] != c[1:]
+
+
+def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path):
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")])
+    run(TINY + ["--steps", "2", "--out", str(tmp_path / "split")])
+    assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["step"] == 2
+    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "split")])
+    assert metrics(tmp_path / "split") == metrics(tmp_path / "long")
+    # The final weights are the same too.
+    long = torch.load(tmp_path / "long" / "checkpoint.pt", weights_only=True)["policy"]
+    split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["policy"]
+    assert all(torch.equal(long[k], split[k]) for k in long)
+
+
+def test_ctrl_c_saves_after_the_step_and_resume_continues_exactly(tmp_path, monkeypatch, capsys):
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")])
+    real_generate, calls = common.generate, []
+
+    def generate_then_ctrl_c(*args, **kw):
+        if not kw.get("greedy"):                                    # a rollout, not an evaluation
+            calls.append(1)
+            if len(calls) == 2:                                      # during step 2
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_generate(*args, **kw)
+
+    monkeypatch.setattr(common, "generate", lambda *a, **kw: generate_then_ctrl_c(*a, **kw))
+    code, err = run(TINY + ["--steps", "4", "--out", str(tmp_path / "cut")], capsys)
+    assert code == 130 and "saved step 2" in err and "--resume" in err
+    monkeypatch.setattr(common, "generate", real_generate)
+    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "cut")])
+    assert metrics(tmp_path / "cut") == metrics(tmp_path / "long")
+
+
+def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    real_save, saves = torch.save, []
+
+    def save_that_breaks(obj, path):
+        saves.append(path)
+        if len(saves) == 3:                                          # the step-3 checkpoint
+            with open(path, "wb") as f:
+                f.write(b"half a checkpoint")
+            raise OSError("disk full")
+        real_save(obj, path)
+
+    monkeypatch.setattr(torch, "save", save_that_breaks)
+    with pytest.raises(OSError, match="disk full"):
+        grpo.main(TINY + ["--steps", "4", "--save-every", "1", "--out", str(tmp_path)])
+    monkeypatch.setattr(torch, "save", real_save)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+    run(TINY + ["--steps", "4", "--resume", str(tmp_path)])
+    assert [r["step"] for r in metrics(tmp_path)] == [0, 1, 2, 3, 4]
+
+
+def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys):
+    real_loss = grpo.policy_loss
+    monkeypatch.setattr(grpo, "policy_loss", lambda *a, **kw: (real_loss(*a, **kw)[0] * float("nan"), {}))
+    code, err = run(TINY + ["--steps", "10", "--out", str(tmp_path)], capsys)
+    assert code == 1 and "non-finite loss or gradient in 3 steps in a row (steps 1-3)" in err
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(r["skipped_updates"] == 2 for r in rows[1:])
+    # Nothing was applied: the saved policy is the warm-started base.
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    base, _ = common.make_policy(grpo.Args(), torch.device("cpu"))
+    assert checkpoint["step"] == 3
+    assert all(torch.equal(v, checkpoint["policy"][k]) for k, v in base.state_dict().items())
+
+
+def test_one_non_finite_update_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch):
+    real_loss, calls = grpo.policy_loss, []
+
+    def nan_once(*a, **kw):
+        calls.append(1)
+        loss, m = real_loss(*a, **kw)
+        return (loss * float("nan"), m) if len(calls) == 3 else (loss, m)   # step 2, first minibatch
+
+    monkeypatch.setattr(grpo, "policy_loss", nan_once)
+    assert run(TINY + ["--steps", "4", "--out", str(tmp_path)])[0] == 0
+    rows = metrics(tmp_path)
+    assert [r["skipped_updates"] for r in rows[1:]] == [0, 1, 0, 0]
+    assert all(r["grad_norm"] is not None and r["grad_norm"] == r["grad_norm"] for r in rows[1:])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished")
+    run(TINY + ["--steps", "2", "--out", str(out)])
+    return out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lr", "0.001"], "settings differ from the checkpoint's: --lr 0.0001 in the checkpoint, 0.001 now"),
+    (["--n-experts", "4"], "--n-experts 8 in the checkpoint, 4 now"),
+    (["--steps", "2"], "the checkpoint is at step 2 already"),
+    (["--out", "elsewhere"], "--resume DIR continues in DIR"),
+])
+def test_resume_refuses_what_does_not_fit(finished, extra, message, capsys):
+    code, err = run(TINY + ["--steps", "4", "--resume", str(finished)] + extra, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_resume_refuses_a_checkpoint_of_another_algorithm(finished, tmp_path, capsys):
+    checkpoint = torch.load(finished / "checkpoint.pt", weights_only=True)
+    checkpoint["algorithm"] = "gspo"
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    (tmp_path / "metrics.jsonl").write_text((finished / "metrics.jsonl").read_text())
+    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and "the checkpoint is from gspo.py, not grpo.py" in err
+
+
+def test_resume_refuses_missing_or_broken_checkpoints(tmp_path, capsys):
+    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    assert code == 2 and "no checkpoint.pt in that folder" in err
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    assert code == 2 and "cannot read checkpoint.pt" in err
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+    torch.save({"algorithm": "grpo", "payload": Payload()}, tmp_path / "checkpoint.pt")
+    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    assert code == 2 and "cannot read checkpoint.pt" in err and "this must never run" not in err
+
+
+def test_a_reward_function_that_raises_names_the_prompt(tmp_path, monkeypatch, capsys):
+    def broken(completion, answer, finished):
+        raise ValueError("cannot parse")
+    monkeypatch.setattr(common, "toy_reward", broken)
+    code, err = run(TINY + ["--steps", "1", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "the reward function raised ValueError: cannot parse (prompt '" in err
+    assert err.count("\n") == 1
