@@ -263,10 +263,13 @@ def load_hf(name, device):
     if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
         check(not os.path.exists(path), f"--model {name}: not a folder")
         check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
+    else:
+        check(os.path.isfile(os.path.join(path, "config.json")),
+              f"--model {name}: no config.json in that folder, so not a Hugging Face model")
     name = path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
@@ -274,13 +277,13 @@ def load_hf(name, device):
     return model.to(device), tokenizer
 
 
-def hf_world(tokenizer, data, eval_size, max_new_tokens, max_context):
+def hf_world(tokenizer, rows, data, eval_size, max_new_tokens, max_context):
     def encode(prompt):
         if tokenizer.chat_template:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                    add_generation_prompt=True)
         return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
-    rows = [(encode(p), a) for p, a in read_jsonl(data)]
+    rows = [(encode(p), a) for p, a in rows]
     max_new_tokens = max_new_tokens or 256
     for n, (ids, _) in enumerate(rows, 1):
         check(len(ids) + max_new_tokens <= max_context,
@@ -297,16 +300,18 @@ def make_policy(args, device):
     if args.model is None:
         world = toy_world(args.task, args.eval_size, args.max_new_tokens)
         cfg = toy_model_config(args)
-        check(world.train[0][0].numel() + world.max_new_tokens <= cfg.max_seq_len,
-              f"--max-new-tokens {world.max_new_tokens} is longer than the toy model's context allows")
+        P = world.train[0][0].numel()
+        check(P + world.max_new_tokens <= cfg.max_seq_len, f"--max-new-tokens {world.max_new_tokens} is too long: "
+              f"{P} prompt tokens + {world.max_new_tokens} exceed the toy model's {cfg.max_seq_len} positions")
         model, path = warm_start(world, cfg)
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
               f"warm-started base: {path}")
         return model.to(device), world
     check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
+    rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
     model, tokenizer = load_hf(args.model, device)
     max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    world = hf_world(tokenizer, args.data, args.eval_size, args.max_new_tokens, max_context)
+    world = hf_world(tokenizer, rows, args.data, args.eval_size, args.max_new_tokens, max_context)
     return model, world
 
 

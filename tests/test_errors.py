@@ -25,7 +25,7 @@ def run(argv, capsys):
     (["--minibatches", "3"], "--minibatches 3 must divide the 128 completions"),
     (["--task", "chess"], "unknown --task 'chess'"),
     (["--device", "tpu"], "unknown --device 'tpu'"),
-    (["--max-new-tokens", "100"], "longer than the toy model's context"),
+    (["--max-new-tokens", "100"], "6 prompt tokens + 100 exceed the toy model's 64 positions"),
     (["--n-experts", "1", "--routing-replay"], "--routing-replay needs the toy MoE"),
     (["--data", "x.jsonl"], "--data needs --model"),
     (["--steps", "abc"], "invalid int value: 'abc'"),
@@ -46,7 +46,15 @@ def test_model_folder_that_does_not_exist(tmp_path, jsonl, capsys):
 
 def test_model_folder_that_is_not_a_model(tmp_path, jsonl, capsys):
     code, err = run(["--model", str(tmp_path), "--data", str(jsonl)], capsys)
-    assert code == 2 and "cannot load a causal LM" in err
+    assert code == 2 and "no config.json in that folder" in err
+
+
+def test_model_that_is_not_a_causal_lm(tmp_path, jsonl, hf_dense, capsys):
+    from transformers import ViTConfig, ViTModel
+    ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                       image_size=8, patch_size=4)).save_pretrained(tmp_path)
+    code, err = run(["--model", str(tmp_path), "--data", str(jsonl)], capsys)
+    assert code == 2 and "cannot load a causal LM (Unrecognized configuration class" in err
 
 
 @pytest.mark.parametrize("content, message", [
