@@ -529,11 +529,25 @@ def rollout_metrics(rewards, rollout, entropy):
             "entropy": masked_mean(entropy, rollout.mask).item()}
 
 
-def moe_metrics(routing, old_routing, mask, aux_loss):
-    """For MoE models, per minibatch: how far routing drifted from the rollout's, the router's loss."""
-    if routing is None:
-        return {}
-    return {"routing_drift": routing_drift(routing, old_routing, mask), "load_balancing_loss": aux_loss.item()}
+def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
+    """Per minibatch: the variance of the token ratios r_it and, for MoE models, what routing did to
+    them (the GSPO paper's MoE argument): routing drift, the share of tokens whose experts changed in
+    any layer since the rollout, and the mean |log r_it| of those tokens versus the others."""
+    with torch.no_grad():
+        valid = mask.bool()
+        log_ratio = (logp - old_logp)[valid]
+        metrics = {"token_ratio_var": log_ratio.exp().var().item() if len(log_ratio) > 1 else float("nan")}
+        if routing is None:
+            return metrics
+        T = mask.shape[1]
+        changed = (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)  # [L, N, T]
+        rerouted = changed.any(0)[valid]
+        mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
+        return metrics | {"routing_drift": routing_drift(routing, old_routing, mask),
+                          "rerouted_token_frac": rerouted.float().mean().item(),
+                          "abs_log_ratio_rerouted": mean_abs(log_ratio[rerouted]),
+                          "abs_log_ratio_other": mean_abs(log_ratio[~rerouted]),
+                          "load_balancing_loss": aux_loss.item()}
 
 
 def mean_metrics(per_minibatch):

@@ -140,13 +140,14 @@ def train(args):
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
-            replay = old_routing[:, idx] if args.routing_replay else None
-            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature, replay)
+            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                         recorded if args.routing_replay else None)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.moe_metrics(routing, None if routing is None else old_routing[:, idx],
-                                                      rollout.mask[idx], aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
+                                                        aux_loss))
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log

@@ -178,3 +178,21 @@ def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monke
     for step in range(3):
         for mb, idx in enumerate(common.minibatches(16, 2)):
             assert torch.equal(replayed[2 * step + mb], recorded[step][:, idx])
+
+
+def test_ratio_metrics_split_rerouted_tokens_from_the_others():
+    L, N, T, P = 2, 2, 3, 3                                          # positions P + T - 1 = 5
+    old_routing = torch.stack([torch.zeros(L, N, P + T - 1), torch.ones(L, N, P + T - 1)], -1).long()
+    routing = old_routing.clone()
+    routing[1, 0, P - 1 + 1] = torch.tensor([0, 2])                  # row 0, token 1, layer 1: {0,1} -> {0,2}
+    routing[0, 1, P - 1 + 0] = torch.tensor([1, 0])                  # row 1, token 0: same set, other order
+    routing[0, 1, P - 1 + 2] = torch.tensor([5, 6])                  # row 1, token 2: padding, not counted
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    log_ratio = torch.tensor([[0.1, -0.5, 0.2], [0.3, -0.1, 9.0]])
+    m = common.ratio_metrics(log_ratio, torch.zeros(N, T), mask, routing, old_routing, torch.tensor(1.5))
+    assert m["routing_drift"] == pytest.approx(1 / 10)               # 1 of 5 tokens x 2 layers
+    assert m["rerouted_token_frac"] == pytest.approx(1 / 5)
+    assert m["abs_log_ratio_rerouted"] == pytest.approx(0.5)
+    assert m["abs_log_ratio_other"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.1) / 4)
+    assert m["token_ratio_var"] == pytest.approx(torch.tensor([0.1, -0.5, 0.2, 0.3, -0.1]).exp().var().item())
+    assert m["load_balancing_loss"] == 1.5

@@ -4,6 +4,7 @@ import json
 import pytest
 
 import grpo
+import gspo
 
 
 def run(argv, capsys):
@@ -82,3 +83,16 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
                     + json.dumps({"prompt": "a" * 200, "answer": 2}) + "\n")
     code, err = run(["--model", str(hf_dense), "--data", str(path), "--max-new-tokens", "8"], capsys)
     assert code == 2 and "row 2: prompt of 200 tokens" in err and "context of 128 tokens" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
+    (["--clip-eps-high", "-0.0001"], "--clip-eps-low and --clip-eps-high must be positive"),
+    (["--group-size", "1"], "--group-size must be at least 2"),
+    (["--routing-replay"], "unrecognized arguments: --routing-replay"),
+])
+def test_bad_gspo_flags(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gspo.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err

@@ -8,6 +8,7 @@ import torch
 
 import common
 import grpo
+import gspo
 
 TINY = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
         "--eval-every", "2"]
@@ -19,10 +20,10 @@ def metrics(out):
     return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "step_time_s"} for r in rows]
 
 
-def run(argv, capsys=None):
-    """grpo.main in this process; returns the exit code (0 when it returned) and stderr."""
+def run(argv, capsys=None, script=grpo):
+    """script.main in this process; returns the exit code (0 when it returned) and stderr."""
     try:
-        grpo.main(argv)
+        script.main(argv)
         code = 0
     except SystemExit as stop:
         code = stop.code
@@ -38,11 +39,12 @@ def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
     assert a[1:] != c[1:]
 
 
-def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path):
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")])
-    run(TINY + ["--steps", "2", "--out", str(tmp_path / "split")])
+@pytest.mark.parametrize("script", [grpo, gspo])
+def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path, script):
+    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")], script=script)
+    run(TINY + ["--steps", "2", "--out", str(tmp_path / "split")], script=script)
     assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["step"] == 2
-    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "split")])
+    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "split")], script=script)
     assert metrics(tmp_path / "split") == metrics(tmp_path / "long")
     # The final weights are the same too.
     long = torch.load(tmp_path / "long" / "checkpoint.pt", weights_only=True)["policy"]
@@ -89,16 +91,17 @@ def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, mo
     assert [r["step"] for r in metrics(tmp_path)] == [0, 1, 2, 3, 4]
 
 
-def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys):
-    real_loss = grpo.policy_loss
-    monkeypatch.setattr(grpo, "policy_loss", lambda *a, **kw: (real_loss(*a, **kw)[0] * float("nan"), {}))
-    code, err = run(TINY + ["--steps", "10", "--out", str(tmp_path)], capsys)
+@pytest.mark.parametrize("script", [grpo, gspo])
+def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys, script):
+    real_loss = script.policy_loss
+    monkeypatch.setattr(script, "policy_loss", lambda *a, **kw: (real_loss(*a, **kw)[0] * float("nan"), {}))
+    code, err = run(TINY + ["--steps", "10", "--out", str(tmp_path)], capsys, script)
     assert code == 1 and "non-finite loss or gradient in 3 steps in a row (steps 1-3)" in err
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(r["skipped_updates"] == 2 for r in rows[1:])
     # Nothing was applied: the saved policy is the warm-started base.
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    base, _ = common.make_policy(grpo.Args(), torch.device("cpu"))
+    base, _ = common.make_policy(script.Args(), torch.device("cpu"))
     assert checkpoint["step"] == 3
     assert all(torch.equal(v, checkpoint["policy"][k]) for k, v in base.state_dict().items())
 

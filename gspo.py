@@ -1,0 +1,186 @@
+"""GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, Qwen team, arXiv 2507.18071).
+
+GRPO with the importance ratio and the clipping moved from tokens to whole sequences. The advantage
+is GRPO's group-normalised reward; the ratio is the length-normalised likelihood ratio of the whole
+completion (the geometric mean of its token ratios), clipped as one number:
+
+    A_i  = (R_i - mean(R_1..R_G)) / (std(R_1..R_G) + 1e-6)
+    s_i  = exp( (1/|o_i|) sum_t log( pi_theta(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t) ) )
+    loss = -(1/G) sum_i min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)     eps_low 3e-4, eps_high 4e-4
+    GSPO-token (--token-level), for per-token advantages A_it:
+    s_it = sg[s_i] * pi_theta(o_it) / sg[pi_theta(o_it)]     (value s_i; gradient through token t only)
+    loss = -(1/G) sum_i (1/|o_i|) sum_t min(s_it A_it, clip(s_it, 1-eps_low, 1+eps_high) A_it)
+
+Why: a token ratio is one noisy sample of how the policy changed. On Mixture-of-Experts models it is
+noisier still, because an update can change which experts a token is routed to; GRPO then needs Routing
+Replay. s_i averages over the whole completion, so routing noise mostly cancels and no replay is needed.
+The clip range is tiny because s_i is a per-token geometric mean, so it moves little.
+
+Run it
+    python gspo.py                     # toy MoE learns two-digit addition: ~4 min on 2 CPU cores
+    python gspo.py --token-level       # GSPO-token (identical here: the advantages are per sequence)
+    python gspo.py --help              # every flag
+    python gspo.py --model Qwen/Qwen3-30B-A3B --data train.jsonl --max-new-tokens 512 \\
+        --prompts-per-step 8 --group-size 8 --lr 1e-6      # a real model on one GPU (bf16 autocast)
+
+Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
+compute the old policy's log-probs once, then split the batch into --minibatches (4, as in the paper)
+and take one optimizer step on each. With a single on-policy update s_i = 1 exactly and GSPO, GRPO and
+the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
+sequence clipping acts. Metrics go to runs/gspo-<task>/metrics.jsonl.
+
+What to expect (2 CPU cores, seed 0): GSPO_RESULT
+
+What differs from grpo.py
+- policy_loss: the sequence ratio s_i and sequence clipping with eps_low 3e-4 / eps_high 4e-4;
+  clip_frac counts every token of a clipped sequence, as the paper does; seq_log_ratio_std is the
+  spread of the log s_i. policy_loss_token is GSPO-token.
+- No KL term and no reference model; no Routing Replay (the point of GSPO); lr LR_NOTE.
+"""
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import common
+from common import arg, check
+
+
+@dataclass
+class Args:
+    # run
+    task: str = arg("add", "toy task (ignored with --model): " + ", ".join(common.TASKS))
+    model: Optional[str] = arg(None, "Hugging Face causal LM, a local folder or Hub id (default: the toy MoE)")
+    data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model')
+    steps: int = arg(2400, "rollout batches; each gives --minibatches optimizer steps")
+    seed: int = arg(0, "seed of every random draw (prompts, sampling)")
+    device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
+    out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: runs/<script>-<task>)")
+    resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")
+    save_every: int = arg(100, "checkpoint every N steps (0: only at the end); also on Ctrl-C")
+    eval_every: int = arg(50, "greedy evaluation on the held-out set every N steps (0: only at start and end)")
+    eval_size: int = arg(500, "held-out prompts for evaluation")
+    # toy model
+    d_model: int = arg(64, "toy model width")
+    n_layers: int = arg(2, "toy model layers")
+    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    # rollouts
+    prompts_per_step: int = arg(16, "prompts per rollout batch")
+    group_size: int = arg(8, "completions per prompt (G)")
+    max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
+    temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
+    # optimisation
+    lr: float = arg(3e-4, "AdamW learning rate")
+    minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
+    max_grad_norm: float = arg(1.0, "gradient clipping")
+    # GSPO
+    clip_eps_low: float = arg(3e-4, "clip range of the sequence ratio, below 1 (paper: 3e-4)")
+    clip_eps_high: float = arg(4e-4, "clip range of the sequence ratio, above 1 (paper: 4e-4)")
+    token_level: bool = arg(False, "GSPO-token: the per-token form of the objective")
+
+
+def compute_advantages(rewards, group_size):
+    """Group-relative advantage: A_i = (R_i - mean_group R) / (std_group R + 1e-6), std unbiased.
+    rewards [N], grouped by prompt (rows g*G .. g*G+G-1) -> [N]. An all-equal group gets 0."""
+    grouped = rewards.view(-1, group_size)
+    advantages = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)
+    return advantages.flatten()
+
+
+def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
+    """GSPO loss (GSPO paper eq. 5-7): length-normalised sequence ratio, clipped per sequence, mean over
+    sequences. logp, old_logp, mask [N, T]; advantages [N]."""
+    log_ratio = logp - old_logp
+    lengths = mask.sum(1).clamp(min=1)                                   # |o_i|: this completion's own length
+    seq_log_ratio = (log_ratio * mask).sum(1) / lengths                  # log s_i [N]
+    seq_ratio = torch.exp(seq_log_ratio)                                 # s_i, the geometric mean of r_it
+    surrogate = torch.min(seq_ratio * advantages,
+                          torch.clamp(seq_ratio, 1 - clip_eps_low, 1 + clip_eps_high) * advantages)
+    loss = -surrogate.mean()
+    with torch.no_grad():
+        clipped = (((advantages > 0) & (seq_ratio > 1 + clip_eps_high))
+                   | ((advantages < 0) & (seq_ratio < 1 - clip_eps_low)))[:, None].expand_as(mask)
+        return loss, sequence_metrics(clipped, log_ratio, seq_log_ratio, mask)
+
+
+def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
+    """GSPO-token loss (GSPO paper eq. 13-14) for per-token advantages [N, T]:
+    s_it = sg[s_i] * pi(o_it) / sg[pi(o_it)] is numerically s_i, but its gradient flows through token t
+    only, weighted by A_it. With A_it = A_i for all t it equals policy_loss in value and gradient."""
+    log_ratio = logp - old_logp
+    lengths = mask.sum(1).clamp(min=1)
+    seq_log_ratio = (log_ratio * mask).sum(1) / lengths                  # log s_i [N]
+    token_ratio = torch.exp(seq_log_ratio.detach()[:, None] + logp - logp.detach())   # s_it [N, T]
+    surrogate = torch.min(token_ratio * advantages,
+                          torch.clamp(token_ratio, 1 - clip_eps_low, 1 + clip_eps_high) * advantages)
+    loss = -((surrogate * mask).sum(1) / lengths).mean()
+    with torch.no_grad():
+        clipped = (((advantages > 0) & (token_ratio > 1 + clip_eps_high))
+                   | ((advantages < 0) & (token_ratio < 1 - clip_eps_low)))
+        return loss, sequence_metrics(clipped, log_ratio, seq_log_ratio, mask)
+
+
+def sequence_metrics(clipped, log_ratio, seq_log_ratio, mask):
+    """clip_frac as the paper counts it: clipped tokens (every token of a clipped sequence) over all
+    tokens; the spread of the sequence log-ratios; k3 KL(old || new)."""
+    return {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
+            "seq_log_ratio_std": seq_log_ratio.std().item() if len(seq_log_ratio) > 1 else 0.0,
+            "approx_kl": common.masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).item()}
+
+
+def train(args):
+    # ------------------------------------------------------------ setup (plumbing)
+    common.check_common_args(args)
+    check(args.clip_eps_low > 0 and args.clip_eps_high > 0,
+          f"--clip-eps-low and --clip-eps-high must be positive, got {args.clip_eps_low} and {args.clip_eps_high}")
+    device = common.pick_device(args.device)
+    policy, world = common.make_policy(args, device)
+    common.seed_everything(args.seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+
+    for step in run.steps():
+        # ------------------------------------------------------------ rollout
+        t0 = time.perf_counter()
+        prompts, answers = world.sample(args.prompts_per_step)
+        rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+        rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
+        advantages = compute_advantages(rewards, args.group_size)                         # [N]
+        t1 = time.perf_counter()
+        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
+                                                             args.minibatches)
+        t2 = time.perf_counter()
+
+        # ------------------------------------------------------------ update
+        stats = []
+        for idx in common.minibatches(len(rewards), args.minibatches):
+            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            if args.token_level:                                                # A_it = A_i for every token
+                loss, metrics = policy_loss_token(logp, old_logp[idx], advantages[idx, None].expand_as(logp),
+                                                  rollout.mask[idx], args.clip_eps_low, args.clip_eps_high)
+            else:
+                loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx],
+                                            args.clip_eps_low, args.clip_eps_high)
+            metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
+            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
+                                                        aux_loss))
+        t3 = time.perf_counter()
+
+        # ------------------------------------------------------------ log
+        record = {"step": step, **common.rollout_metrics(rewards, rollout, entropy), **common.mean_metrics(stats),
+                  "step_time_s": t3 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
+                  "time_update_s": t3 - t2}
+        run.log(record)
+
+    run.finish()
+
+
+def main(argv=None):
+    common.run_main(train, common.parse_args(Args, __doc__, argv))
+
+
+if __name__ == "__main__":
+    main()
