@@ -29,13 +29,18 @@ and take one optimizer step on each. With a single on-policy update s_i = 1 exac
 the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
 sequence clipping acts. Metrics go to runs/gspo-<task>/metrics.jsonl.
 
-What to expect (2 CPU cores, seed 0): GSPO_RESULT
+What to expect (2 CPU cores, seed 0): greedy accuracy on 500 held-out problems 0.60 -> 0.79, sampled
+accuracy 0.35 over the first 300 steps -> 0.72 over the last 240 (grpo.py: 0.81 and 0.75), 0.08 s per
+step. About 30% of tokens are clipped early on (whole sequences, as the paper counts; GRPO clips ~1%),
+falling to 20% as the policy sharpens.
 
 What differs from grpo.py
 - policy_loss: the sequence ratio s_i and sequence clipping with eps_low 3e-4 / eps_high 4e-4;
   clip_frac counts every token of a clipped sequence, as the paper does; seq_log_ratio_std is the
   spread of the log s_i. policy_loss_token is GSPO-token.
-- No KL term and no reference model; no Routing Replay (the point of GSPO); lr LR_NOTE.
+- No KL term and no reference model; no Routing Replay (the point of GSPO).
+- lr 1e-4, as grpo.py. Measured at 3e-4 (2400 steps, seed 0), GSPO first lost ground (greedy 0.60 ->
+  0.44 by step 400) and ended lower: greedy 0.63, sampled 0.61.
 """
 import time
 from dataclasses import dataclass
@@ -72,7 +77,7 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     # optimisation
-    lr: float = arg(3e-4, "AdamW learning rate")
+    lr: float = arg(1e-4, "AdamW learning rate")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
     # GSPO
