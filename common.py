@@ -124,8 +124,34 @@ def add_problems():
     return [(f"{a:02d}+{b:02d}=", str(a + b)) for a in range(100) for b in range(100)]
 
 
-TASKS = {"add": add_problems}
-TASK_MAX_NEW_TOKENS = {"add": 8}
+def progression_problems():
+    """An arithmetic progression written out: '07+3*6=' (start 7, step 3, 6 terms) -> '07,10,13,16,19,22'.
+    Two digits a term, steps 1-9, 1-8 terms, all terms <= 99: answers of 2 to 23 characters."""
+    return [(f"{a:02d}+{d}*{k}=", ",".join(f"{a + d * j:02d}" for j in range(k)))
+            for a in range(100) for d in range(1, 10) for k in range(1, 9) if a + d * (k - 1) <= 99]
+
+
+def progression_ramble(prompt, length):
+    """A completion that misses its stop: it keeps counting past the k-th term, with no EOS."""
+    a, d = int(prompt[:2]), int(prompt[3])
+    return ",".join(f"{(a + d * j) % 100:02d}" for j in range(length))[:length]
+
+
+@dataclass
+class ToyTask:
+    problems: typing.Callable        # () -> [(prompt, answer)]
+    max_new_tokens: int              # the default completion limit
+    warm_start_steps: int            # fixed, so the base is deterministic
+    ramble: typing.Callable = None   # (prompt, length) -> a completion that never ends
+    ramble_share: float = 0.0        # share of warm-start examples taught to ramble, without EOS
+
+
+# The length task plants truncation on purpose: after a plain warm start a model learns where to stop
+# before it learns the digits, so nothing would ever be truncated and DAPO's length techniques would
+# have nothing to act on. A quarter of its warm-start examples ramble to the limit instead.
+TASKS = {"add": ToyTask(add_problems, max_new_tokens=8, warm_start_steps=150),
+         "progression": ToyTask(progression_problems, max_new_tokens=32, warm_start_steps=160,
+                                 ramble=progression_ramble, ramble_share=0.25)}
 
 
 @dataclass
@@ -163,10 +189,11 @@ def split_eval(rows, n_held_out):
 
 def toy_world(task, eval_size, max_new_tokens):
     encode = lambda s: torch.tensor([TOY_ID[c] for c in s])
-    rows = [(encode(p), a) for p, a in TASKS[task]()]
+    rows = [(encode(p), a) for p, a in TASKS[task].problems()]
     train, held_out = split_eval(rows, 500)  # the same 500 held out whatever --eval-size, so one base fits all
     decode = lambda ids: "".join(TOY_VOCAB[i] for i in ids if i > TOY_EOS)
-    return World(train, held_out[:eval_size], decode, toy_reward, TOY_EOS, TOY_PAD, max_new_tokens or TASK_MAX_NEW_TOKENS[task])
+    return World(train, held_out[:eval_size], decode, toy_reward, TOY_EOS, TOY_PAD,
+                 max_new_tokens or TASKS[task].max_new_tokens)
 
 
 def toy_model_config(args):
@@ -174,12 +201,14 @@ def toy_model_config(args):
                      n_experts=args.n_experts)
 
 
-def warm_start(world, cfg, steps=150, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0):
+def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0):
     """Supervised warm start: RL needs a policy that is right some of the time (from a random model
     it learns nothing). Cross-entropy on the answer and EOS only; a fixed number of steps keeps it
     deterministic. Cached on disk keyed by every setting, so only the first run pays for it
-    (about 10 s on 2 CPU cores). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
-    key = json.dumps([dataclasses.asdict(cfg), steps, batch_size, lr, aux_coef, seed,
+    (about 7 s on 2 CPU cores). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
+    steps = task.warm_start_steps
+    key = json.dumps([dataclasses.asdict(cfg), steps, batch_size, lr, aux_coef, seed, task.ramble_share,
+                      world.max_new_tokens if task.ramble else None,
                       [(p.tolist(), a) for p, a in world.train[:50]], len(world.train)])
     cache_dir = Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "llm-rl-reference"))
     path = cache_dir / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
@@ -187,13 +216,17 @@ def warm_start(world, cfg, steps=150, batch_size=256, lr=3e-3, aux_coef=0.01, se
     if path.exists():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model, path
-    gen = torch.Generator().manual_seed(seed)
+    gen, ramble_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     torch.manual_seed(seed)
     model = MoETransformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
         idx = torch.randint(len(world.train), (batch_size,), generator=gen).tolist()
         targets = [torch.tensor([TOY_ID[c] for c in world.train[i][1]] + [TOY_EOS]) for i in idx]
+        if task.ramble:  # these examples never stop: a truncation habit for RL to unlearn
+            for j in (torch.rand(batch_size, generator=ramble_gen) < task.ramble_share).nonzero().flatten().tolist():
+                prompt = world.decode(world.train[idx[j]][0].tolist())
+                targets[j] = torch.tensor([TOY_ID[c] for c in task.ramble(prompt, world.max_new_tokens)])
         prompts = torch.stack([world.train[i][0] for i in idx])
         answers = torch.nn.utils.rnn.pad_sequence(targets, batch_first=True, padding_value=-100)
         tokens = torch.cat([prompts, answers.clamp(min=0)], 1)
@@ -303,7 +336,7 @@ def make_policy(args, device):
         P = world.train[0][0].numel()
         check(P + world.max_new_tokens <= cfg.max_seq_len, f"--max-new-tokens {world.max_new_tokens} is too long: "
               f"{P} prompt tokens + {world.max_new_tokens} exceed the toy model's {cfg.max_seq_len} positions")
-        model, path = warm_start(world, cfg)
+        model, path = warm_start(world, cfg, TASKS[args.task])
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
               f"warm-started base: {path}")
         return model.to(device), world
@@ -376,6 +409,19 @@ class Rollout:
     @property
     def completions(self):
         return self.tokens[:, self.tokens.shape[1] - self.mask.shape[1]:]
+
+
+def cat_rollouts(rollouts, pad_id):
+    """One rollout from several (Dynamic Sampling keeps groups from several generation rounds):
+    prompts left-padded to the longest, completions right-padded to the longest."""
+    P = max(r.tokens.shape[1] - r.mask.shape[1] for r in rollouts)
+    T = max(r.mask.shape[1] for r in rollouts)
+    padded = []
+    for r in rollouts:
+        p, t = r.tokens.shape[1] - r.mask.shape[1], r.mask.shape[1]
+        padded.append(Rollout(F.pad(r.tokens, (P - p, T - t), value=pad_id), F.pad(r.attention_mask, (P - p, T - t)),
+                              F.pad(r.mask, (0, T - t)), r.finished))
+    return Rollout(*(torch.cat([getattr(r, f.name) for r in padded]) for f in dataclasses.fields(Rollout)))
 
 
 def left_pad(prompts, pad_id):
@@ -522,7 +568,7 @@ def optimizer_step(model, optimizer, loss, max_grad_norm):
 
 
 def rollout_metrics(rewards, rollout, entropy):
-    """What the rollout batch looked like; `entropy` [N, T] is the sampling distribution's."""
+    """What the sampled completions looked like; `entropy` [N, T] is the sampling distribution's."""
     return {"reward_mean": rewards.mean().item(), "accuracy": (rewards == 1).float().mean().item(),
             "response_len_mean": rollout.mask.sum(1).mean().item(),
             "truncated_frac": 1 - rollout.finished.float().mean().item(),
@@ -547,7 +593,7 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
                           "rerouted_token_frac": rerouted.float().mean().item(),
                           "abs_log_ratio_rerouted": mean_abs(log_ratio[rerouted]),
                           "abs_log_ratio_other": mean_abs(log_ratio[~rerouted]),
-                          "load_balancing_loss": aux_loss.item()}
+                          "load_balancing_loss": float("nan") if aux_loss is None else aux_loss.item()}
 
 
 def mean_metrics(per_minibatch):

@@ -8,19 +8,19 @@ import torch
 import gspo
 
 
-def ragged(seed=0, N=6, T=7):
+def ragged(seed=0, N=6, T=7, scale=0.02):
     torch.manual_seed(seed)
     old_logp = -torch.rand(N, T) * 2
-    log_ratio = (torch.rand(N, T) - 0.5) * 0.02
+    log_ratio = (torch.rand(N, T) - 0.5) * scale
     mask = torch.ones(N, T)
     for i, n in enumerate([7, 3, 5, 1, 6, 2][:N]):                   # ragged lengths
         mask[i, n:] = 0
-    logp = ((old_logp + log_ratio) * mask).requires_grad_(True)
-    return logp, old_logp * mask, mask
+    logp = (old_logp + log_ratio).requires_grad_(True)
+    return logp, old_logp, mask                                       # junk, not zeros, on the padding
 
 
 def test_sequence_ratio_is_the_geometric_mean_of_the_token_ratios():
-    logp, old_logp, mask = ragged()
+    logp, old_logp, mask = ragged(scale=0.6)                         # log-ratios up to +-0.3
     N = len(mask)
     # Clip band wide open and A = 1: loss = -(1/N) sum_i s_i.
     loss, _ = gspo.policy_loss(logp, old_logp, torch.ones(N), mask, clip_eps_low=10, clip_eps_high=10)
@@ -65,6 +65,21 @@ def test_clipping_zeroes_whole_sequences_exactly_on_the_side_of_their_advantage(
     zero_rows = (logp.grad == 0).all(1)
     assert torch.equal(zero_rows, clipped)
     assert (logp.grad[~clipped] != 0).all()
+    _, metrics = gspo.policy_loss(logp, old_logp, advantages, mask)
+    assert metrics["clip_frac"] == pytest.approx(2 / 8)               # every token of the 2 clipped sequences
+
+
+def test_the_clip_acts_on_the_sequence_not_on_its_tokens():
+    old_logp = -torch.ones(2, 4)
+    mask = torch.ones(2, 4)
+    # Row 0: every token far outside the band (+-2e-3), but s_0 = 1 inside it: nothing is clipped.
+    # Row 1: s_1 = exp(1e-3) above the band, though 3 of its 4 tokens are inside it: all clipped.
+    log_ratio = torch.tensor([[2e-3, -2e-3, 2e-3, -2e-3], [1e-4, 1e-4, 1e-4, 3.7e-3]])
+    logp = (old_logp + log_ratio).requires_grad_(True)
+    loss, metrics = gspo.policy_loss(logp, old_logp, torch.tensor([1.0, 1.0]), mask)
+    loss.backward()
+    assert (logp.grad[0] != 0).all() and (logp.grad[1] == 0).all()
+    assert metrics["clip_frac"] == pytest.approx(0.5)
 
 
 def test_at_ratio_one_the_gradient_is_the_length_normalised_policy_gradient():
@@ -79,9 +94,10 @@ def test_at_ratio_one_the_gradient_is_the_length_normalised_policy_gradient():
 
 @pytest.mark.parametrize("eps", [(3e-4, 4e-4), (10.0, 10.0)])       # clipping active, and off
 def test_gspo_token_equals_gspo_when_advantages_are_per_sequence(eps):
-    logp, old_logp, mask = ragged(seed=2)
-    logp = (old_logp + (logp.detach() - old_logp) * 0.1).requires_grad_(True)   # some inside, some outside
-    advantages = torch.randn(len(mask))
+    logp, old_logp, mask = ragged(seed=2, scale=0.002)
+    s = (((logp - old_logp) * mask).sum(1) / mask.sum(1)).exp().detach()
+    # Advantages chosen so that sequences above the band have A > 0 and those below A < 0: both clip.
+    advantages = torch.where(s > 1 + 4e-4, 1.0, torch.where(s < 1 - 3e-4, -1.0, 0.5))
     seq_loss, seq_metrics = gspo.policy_loss(logp, old_logp, advantages, mask, *eps)
     seq_loss.backward()
     seq_grad, logp.grad = logp.grad.clone(), None
@@ -90,6 +106,8 @@ def test_gspo_token_equals_gspo_when_advantages_are_per_sequence(eps):
     assert tok_loss.item() == pytest.approx(seq_loss.item(), abs=1e-7)
     assert torch.allclose(logp.grad, seq_grad, atol=1e-8)
     assert tok_metrics["clip_frac"] == pytest.approx(seq_metrics["clip_frac"])
+    if eps[0] < 1:
+        assert (advantages == 1).any() and (advantages == -1).any() and 0 < seq_metrics["clip_frac"] < 1
 
 
 def test_gspo_token_differs_in_gradient_when_advantages_are_per_token():
@@ -125,4 +143,5 @@ def test_gspo_end_to_end_on_a_tiny_hf_moe(tmp_path, jsonl, hf_moe):
                "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "3",
                "--out", str(tmp_path)])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2] and "routing_drift" in rows[1]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(0 <= r["routing_drift"] <= 1 for r in rows[1:])
