@@ -150,7 +150,7 @@ class ToyTask:
 # before it learns the digits, so nothing would ever be truncated and DAPO's length techniques would
 # have nothing to act on. A quarter of its warm-start examples ramble to the limit instead.
 TASKS = {"add": ToyTask(add_problems, max_new_tokens=8, warm_start_steps=150),
-         "progression": ToyTask(progression_problems, max_new_tokens=32, warm_start_steps=160,
+         "progression": ToyTask(progression_problems, max_new_tokens=32, warm_start_steps=200,
                                  ramble=progression_ramble, ramble_share=0.25)}
 
 
