@@ -759,9 +759,10 @@ class Run:
         self.save(self.history[-1]["step"])
         steps = [h for h in self.history if "step_time_s" in h]
         last = steps[-max(1, len(steps) // 10):]
+        key = "sampled_accuracy" if "sampled_accuracy" in last[-1] else "accuracy"  # DAPO: over all it generated
         print(f"eval accuracy (greedy): base {self.history[0]['eval_accuracy']:.3f} -> final "
               f"{self.last_eval():.3f}; sampled accuracy over the last {len(last)} steps "
-              f"{sum(h['accuracy'] for h in last) / len(last):.3f}")
+              f"{sum(h[key] for h in last) / len(last):.3f}")
         phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
                            for k in steps[0] if k.startswith("time_"))
         print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "

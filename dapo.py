@@ -29,7 +29,12 @@ Each step: sample --prompts-per-step x --group-size completions (more rounds und
 score them, compute the old policy's log-probs once, then take one optimizer step per minibatch.
 Metrics go to runs/dapo-<task>/metrics.jsonl.
 
-What to expect (2 CPU cores, seed 0): DAPO_RESULT
+What to expect (2 CPU cores, seed 0): greedy accuracy on 500 held-out problems 0.60 -> 0.88, sampled
+accuracy (over every completion generated) 0.37 over the first 300 steps -> 0.84 over the last 240
+(grpo.py: 0.81 and 0.75), 4 min 17 s in all. Dynamic Sampling drops 35% of the groups on average and
+needs 2.4 generation rounds a step (3.7 near the end, when most groups are all correct), so each step
+sees more samples than grpo.py's and takes 0.104 s instead of 0.080. On --task progression, overlong
+shaping cuts the truncated share below 2% in 15 steps (GRPO: 263): see README.md.
 
 What differs from grpo.py
 - policy_loss: asymmetric clipping, the token-level normaliser; clip fraction split into low and high.
@@ -152,7 +157,7 @@ def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
     kept, seen, n_kept = [], [], 0
     for rounds in range(1, max_rounds + 1):
         rollout, rewards, task_rewards = sample()
-        seen.append(task_rewards)
+        seen.append((task_rewards, rollout.finished))
         keep = filter_groups(rewards, group_size).repeat_interleave(group_size)         # whole groups [N]
         kept.append((rollout[keep], rewards[keep], task_rewards[keep]))
         n_kept += int(keep.sum()) // group_size
@@ -165,11 +170,13 @@ def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
     n = min(n_kept, prompts_per_step) * group_size                        # the surplus of the last round goes
     rollout = common.cat_rollouts([r for r, _, _ in kept], pad_id)[:n]
     rewards, task_rewards = torch.cat([r for _, r, _ in kept])[:n], torch.cat([t for _, _, t in kept])[:n]
-    seen = torch.cat(seen)
+    seen_rewards, seen_finished = torch.cat([r for r, _ in seen]), torch.cat([f for _, f in seen])
     return rollout, rewards, task_rewards, {
         "generation_rounds": rounds, "groups_dropped_frac": 1 - n_kept / n_seen,
         "groups_missing": max(0, prompts_per_step - n_kept),           # > 0 when the cap was hit
-        "sampled_accuracy": (seen == 1).float().mean().item()}         # over every completion generated
+        # The policy's own rates, over every completion generated (the kept batch is a biased subset):
+        "sampled_accuracy": (seen_rewards == 1).float().mean().item(),
+        "sampled_truncated_frac": 1 - seen_finished.float().mean().item()}
 
 
 def train(args):

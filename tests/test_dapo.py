@@ -74,7 +74,7 @@ def test_dynamic_sampling_refills_the_batch_from_later_rounds():
     assert rewards.tolist() == [0, 1, 1, 0, 0, 1]
     assert rollout.tokens[:, 0].tolist() == [2, 3, 0, 1, 4, 5]        # rows 2-3 of round 1, 0-1 and 4-5 of round 2
     assert stats == {"generation_rounds": 2, "groups_dropped_frac": pytest.approx(3 / 6), "groups_missing": 0,
-                     "sampled_accuracy": pytest.approx(7 / 12)}
+                     "sampled_accuracy": pytest.approx(7 / 12), "sampled_truncated_frac": 0.0}
 
 
 def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_kept():

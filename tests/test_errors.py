@@ -96,3 +96,17 @@ def test_bad_gspo_flags(argv, message, capsys):
         gspo.main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
+    (["--max-generation-rounds", "0"], "--max-generation-rounds must be positive"),
+    (["--overlong-buffer", "8"], "--overlong-buffer must be between 1 and --max-new-tokens - 1 (7), got 8"),
+    (["--task", "progression", "--max-new-tokens", "60"], "7 prompt tokens + 60 exceed the toy model's 64 positions"),
+])
+def test_bad_dapo_flags(argv, message, capsys):
+    import dapo
+    with pytest.raises(SystemExit) as stop:
+        dapo.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err
