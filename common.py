@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import resource
 import signal
 import sys
 import time
@@ -63,12 +64,12 @@ def parse_args(cls, doc, argv=None):
     return cls(**vars(parser.parse_args(argv)))
 
 
-def check_common_args(args):
+def check_common_args(args, min_group_size=2):
     """Checks shared by every script; each script checks its own hyperparameters too."""
     for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size", "max_grad_norm"):
         check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    check(args.group_size >= 2, f"--group-size must be at least 2 (advantages compare completions within a "
-                                f"group), got {args.group_size}")
+    check(args.group_size >= min_group_size, f"--group-size must be at least 2 (advantages compare completions "
+                                             f"within a group), got {args.group_size}")
     check(args.max_new_tokens is None or args.max_new_tokens > 0,
           f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
@@ -353,6 +354,34 @@ def frozen_copy(model):
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
+def make_critic(policy):
+    """PPO's value model: the policy's architecture and weights (warm-started), with the vocabulary
+    head swapped for a scalar one, initialised to 0 so the first values are 0."""
+    critic = copy.deepcopy(policy)
+    head = critic.head if isinstance(critic, MoETransformer) else critic.get_output_embeddings()
+    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device)
+    torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
+    if isinstance(critic, MoETransformer):
+        critic.head = value_head
+    else:
+        critic.set_output_embeddings(value_head)
+    return critic
+
+
+def values(critic, rollout):
+    """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
+    T = rollout.mask.shape[1]
+    out, _, _, _ = forward(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], keep=T)
+    return out[..., 0] * rollout.mask
+
+
+def peak_memory_mb(device):
+    """Peak memory of this process: allocated by torch on CUDA, resident set size elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # Linux reports KiB
+
+
 def is_toy_moe(model):
     return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
 
@@ -611,7 +640,8 @@ def mean_metrics(per_minibatch):
 # ----------------------------------------------------------------------------------------------
 
 class RunStopped(Exception):
-    """The run stopped on purpose (repeated non-finite updates): message printed, exit code 1."""
+    """The run stopped on purpose (repeated non-finite updates, nothing left to learn from): message
+    printed, exit code 1."""
 
 
 # Settings a resumed run may change; any other difference from the checkpoint's is refused.
@@ -699,6 +729,7 @@ class Run:
     def log(self, record):
         """Evaluate when due, write the step's record, watch for non-finite updates, save when due."""
         step, args = record["step"], self.args
+        record["peak_memory_mb"] = peak_memory_mb(next(self.policy.parameters()).device)
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
             record["eval_accuracy"] = evaluate(self.policy, self.world)
         self.write(record)

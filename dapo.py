@@ -15,7 +15,8 @@ time (with all four off this is GRPO without KL):
    (above), not per sequence, so every token weighs the same and long completions are not down-weighted.
 4. Overlong reward shaping (--no-overlong-shaping): with L_max = --max-new-tokens and L_cache =
    --overlong-buffer, add 0 if |o| <= L_max - L_cache, ((L_max - L_cache) - |o|) / L_cache inside the
-   buffer, -1 beyond L_max (eq. 13). --overlong-filtering instead masks truncated completions out.
+   buffer, -1 beyond L_max (eq. 13). --overlong-filtering masks truncated completions out of the loss
+   (on top of shaping, or instead of it with --no-overlong-shaping).
 
 Run it
     python dapo.py                          # toy MoE learns two-digit addition, 2 CPU cores
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from tqdm import tqdm
 
 import common
 from common import arg, check
@@ -131,8 +133,10 @@ def overlong_penalty(lengths, max_len, cache_len):
 
 
 def filter_groups(rewards, group_size):
-    """Dynamic Sampling's filter (DAPO paper eq. 11): keep a group only if its rewards are not all equal.
-    rewards [N] grouped by prompt -> bool [N // group_size], True = keep."""
+    """Dynamic Sampling's filter: keep a group only if its rewards are not all equal. rewards [N] grouped
+    by prompt -> bool [N // group_size], True = keep. The paper (eq. 11) filters on accuracy; this filters
+    on the rewards the advantages come from (with the overlong penalty), the ones whose equality really
+    means zero advantage: an all-wrong group whose completions differ in length is kept."""
     grouped = rewards.view(-1, group_size)
     return grouped.max(1).values != grouped.min(1).values
 
@@ -145,7 +149,7 @@ def sample_groups(policy, world, args):
     task_rewards = common.rewards_of(world, rollout, answers, args.group_size)           # [N]
     rewards = task_rewards
     if args.overlong_shaping:
-        buffer = args.overlong_buffer or world.max_new_tokens // 4
+        buffer = args.overlong_buffer or max(1, world.max_new_tokens // 4)
         rewards = task_rewards + overlong_penalty(rollout.mask.sum(1), world.max_new_tokens, buffer)
     return rollout, rewards, task_rewards
 
@@ -167,6 +171,9 @@ def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
     if n_kept == 0:
         raise common.RunStopped(f"Dynamic Sampling: all {n_seen} groups of {rounds} generation rounds had equal "
                                 f"rewards, so nothing is left to learn from; --no-dynamic-sampling trains on them")
+    if n_kept < prompts_per_step:
+        tqdm.write(f"Dynamic Sampling: {n_kept} of {prompts_per_step} informative groups after {rounds} rounds "
+                   f"(--max-generation-rounds); training on those")
     n = min(n_kept, prompts_per_step) * group_size                        # the surplus of the last round goes
     rollout = common.cat_rollouts([r for r, _, _ in kept], pad_id)[:n]
     rewards, task_rewards = torch.cat([r for _, r, _ in kept])[:n], torch.cat([t for _, _, t in kept])[:n]

@@ -77,6 +77,17 @@ def test_dynamic_sampling_refills_the_batch_from_later_rounds():
                      "sampled_accuracy": pytest.approx(7 / 12), "sampled_truncated_frac": 0.0}
 
 
+def test_dynamic_sampling_trims_the_surplus_and_pads_rounds_of_different_lengths():
+    first = stub_round([(1, 1), (0, 1)], T=3)                         # 1 informative group
+    second = stub_round([(1, 0), (0, 1), (1, 0)], T=5)                 # 3 more, longer completions: 1 too many
+    rounds = iter([first, second])
+    rollout, rewards, _, stats = dapo.dynamic_sampling(lambda: next(rounds), 3, 2, 5, pad_id=0)
+    assert len(rewards) == 6 and stats["groups_missing"] == 0
+    assert rollout.tokens[:, 0].tolist() == [2, 3, 0, 1, 2, 3]         # the third group of round 2 is cut
+    assert rollout.mask.shape == (6, 5) and rollout.mask[:2, 3:].sum() == 0 and rollout.mask[2:].sum() == 20
+    assert rollout.tokens.shape == (6, 7)
+
+
 def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_kept():
     calls = []
     def sample():
@@ -127,8 +138,6 @@ def test_dapo_end_to_end_with_everything_on(tmp_path, monkeypatch):
     ("--no-token-level-loss", lambda rows, calls: all(h == (0.2, 0.28, False) for _, h in calls)),
     ("--no-dynamic-sampling", lambda rows, calls: all("generation_rounds" not in r for r in rows)),
     ("--no-overlong-shaping", lambda rows, calls: all(r["overlong_punished_frac"] == 0 for r in rows[1:])),
-    ("--overlong-filtering", lambda rows, calls: all(  # truncated rows have an all-zero loss mask
-        (m.sum(1) == 0).sum() > 0 for m, _ in calls[:2])),
 ])
 def test_each_switch_turns_its_technique_off(tmp_path, monkeypatch, flag, check):
     calls = spy_on_loss(monkeypatch)
@@ -140,6 +149,36 @@ def test_with_all_four_off_dapo_is_grpo_without_kl(tmp_path):
     off = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
     dapo.main(TINY + off + ["--out", str(tmp_path / "dapo")])
     grpo.main(TINY + ["--beta", "0", "--out", str(tmp_path / "grpo")])
-    for d, g in zip(metrics(tmp_path / "dapo"), metrics(tmp_path / "grpo")):
-        for key in ("reward_mean", "clip_frac", "grad_norm", "entropy", "approx_kl", "eval_accuracy"):
-            assert d.get(key) == g.get(key), key
+    d_rows, g_rows = metrics(tmp_path / "dapo"), metrics(tmp_path / "grpo")
+    assert len(d_rows) == len(g_rows) == 4
+    for d, g in zip(d_rows[1:], g_rows[1:]):
+        for key in ("reward_mean", "clip_frac", "grad_norm", "entropy", "approx_kl"):
+            assert d[key] == g[key], key
+    assert [r.get("eval_accuracy") for r in d_rows] == [r.get("eval_accuracy") for r in g_rows]
+
+
+def test_overlong_filtering_masks_exactly_the_truncated_completions(tmp_path, monkeypatch):
+    calls, rollouts, real_generate = spy_on_loss(monkeypatch), [], common.generate
+    monkeypatch.setattr(common, "generate", lambda *a, **kw: rollouts.append(real_generate(*a, **kw)) or rollouts[-1])
+    dapo.main(TINY + ["--task", "progression", "--no-dynamic-sampling", "--overlong-filtering", "--steps", "1",
+                      "--out", str(tmp_path)])
+    rollout = rollouts[1]                                             # [0] is the base evaluation
+    for (mask, _), idx in zip(calls, common.minibatches(16, 2)):
+        finished = rollout.finished[idx]
+        assert (~finished).any()                                      # the planted rambling is there
+        assert torch.equal(mask[finished], rollout.mask[idx][finished])
+        assert (mask[~finished] == 0).all()
+
+
+def test_sample_groups_wires_the_penalty_from_max_new_tokens_and_the_buffer(monkeypatch):
+    lengths = [10, 28, 30, 32]                                        # the last one truncated, the others end in EOS
+    mask = torch.tensor([[1.0] * n + [0.0] * (32 - n) for n in lengths])
+    fake = common.Rollout(torch.zeros(4, 39, dtype=torch.long), torch.ones(4, 39, dtype=torch.long), mask,
+                          torch.tensor([True, True, True, False]))
+    monkeypatch.setattr(common, "generate", lambda *a, **kw: fake)
+    monkeypatch.setattr(common, "rewards_of", lambda *a: torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    world = common.toy_world("progression", 16, None)
+    args = dapo.Args(task="progression", prompts_per_step=1, group_size=4, overlong_buffer=4)
+    _, rewards, task_rewards = dapo.sample_groups(None, world, args)
+    # L_max 32, L_cache 4: 0 up to 28, (28 - |o|) / 4 inside, -1 at 32 (EOS counted in |o|).
+    assert rewards.tolist() == pytest.approx([1.0, 0.0, 1.0 - 0.5, -1.0]) and task_rewards.tolist() == [1, 0, 1, 0]

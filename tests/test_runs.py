@@ -17,7 +17,8 @@ TINY = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "-
 def metrics(out):
     """Every logged number except wall-clock timings."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "step_time_s"} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("step_time_s", "peak_memory_mb")}
+            for r in rows]
 
 
 def run(argv, capsys=None, script=grpo):

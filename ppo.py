@@ -1,0 +1,214 @@
+"""PPO for language models, InstructGPT-style (Ouyang et al. 2022; as in TRL's PPO and verl).
+
+The baseline the other scripts remove: a learned critic V (the policy's architecture and weights with a
+scalar head, its own optimiser) estimates the value of every completion prefix, and GAE turns token
+rewards into per-token advantages.
+
+    r_t   = -beta_kl (log pi_old(o_t) - log pi_ref(o_t))  on every completion token, + the task reward on the last
+    delta_t = r_t + gamma V(s_t+1) - V(s_t)             (V after the last token = 0)
+    A_t   = delta_t + gamma lam A_t+1,   returns_t = A_t + V(s_t),   A whitened over the batch's tokens
+    policy loss = -(1 / sum mask) sum_it min(r_it A_it, clip(r_it, 1-eps, 1+eps) A_it)      (r_it: the ratio)
+    value loss  = 0.5 (1 / sum mask) sum_it max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)
+
+Run it
+    python ppo.py                     # toy MoE learns two-digit addition, 2 CPU cores
+    python ppo.py --help              # every flag
+    python ppo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
+        --prompts-per-step 64 --lr 1e-6 --critic-lr 1e-5   # a real model on one GPU (two copies + a reference)
+
+Each step: sample one completion for each of --prompts-per-step prompts (128: as many completions as the
+other scripts' 16 prompts x 8), score them, compute old, reference and value estimates once, then take
+--epochs passes over --minibatches minibatches, one policy step and one critic step each.
+Metrics go to runs/ppo-<task>/metrics.jsonl.
+
+What to expect (2 CPU cores, seed 0): greedy accuracy on 500 held-out problems 0.60 -> 0.87, sampled
+accuracy 0.37 over the first 100 steps -> 0.77 over the last 70, 3 min 30 s in all, 0.29 s per step of
+which the critic takes 0.125 (43%: its value pass and 8 updates) and the policy's 8 updates 0.117. The
+critic learns slowly: explained variance 0.01 over the first 100 steps, 0.19 over the last 100.
+
+What differs from grpo.py
+- compute_advantages is GAE over a critic's values instead of a group mean; advantages are per token.
+- token_rewards puts the KL penalty into the reward (InstructGPT), not into the loss.
+- value_loss and a second model with its own optimiser; several epochs; one completion per prompt.
+- What GRPO drops: the critic (a second model as large as the policy, its memory, its forward and
+  backward passes, its learning rate to tune) and GAE; a group of completions per prompt is its baseline.
+"""
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import common
+from common import arg, check
+
+
+@dataclass
+class Args:
+    # run
+    task: str = arg("add", "toy task (ignored with --model): " + ", ".join(common.TASKS))
+    model: Optional[str] = arg(None, "Hugging Face causal LM, a local folder or Hub id (default: the toy MoE)")
+    data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model')
+    steps: int = arg(700, "rollout batches; each gives --epochs x --minibatches optimizer steps")
+    seed: int = arg(0, "seed of every random draw (prompts, sampling)")
+    device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
+    out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: runs/<script>-<task>)")
+    resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")
+    save_every: int = arg(100, "checkpoint every N steps (0: only at the end); also on Ctrl-C")
+    eval_every: int = arg(50, "greedy evaluation on the held-out set every N steps (0: only at start and end)")
+    eval_size: int = arg(500, "held-out prompts for evaluation")
+    # toy model
+    d_model: int = arg(64, "toy model width")
+    n_layers: int = arg(2, "toy model layers")
+    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    # rollouts
+    prompts_per_step: int = arg(128, "prompts per rollout batch")
+    group_size: int = arg(1, "completions per prompt (1: classic PPO)")
+    max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
+    temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
+    # optimisation
+    lr: float = arg(1e-4, "AdamW learning rate")
+    minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
+    max_grad_norm: float = arg(1.0, "gradient clipping")
+    # PPO
+    clip_eps: float = arg(0.2, "clip range of the token ratio")
+    beta_kl: float = arg(0.05, "KL penalty to the frozen reference policy, in the reward")
+    gamma: float = arg(1.0, "discount")
+    lam: float = arg(0.95, "GAE lambda")
+    critic_lr: float = arg(1e-4, "AdamW learning rate of the critic")
+    value_clip: float = arg(0.2, "clip range of the value update around the old value")
+    epochs: int = arg(2, "passes over the rollout batch's minibatches")
+
+
+def compute_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
+    """GAE, right to left over each completion (no whitening here). rewards, values, mask [N, T] ->
+    advantages, returns [N, T], 0 on padding. The value after the last valid token is 0."""
+    N, T = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value, next_advantage = torch.zeros(N), torch.zeros(N)
+    for t in reversed(range(T)):                                         # over time, batched over N
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
+        next_value, next_advantage = values[:, t] * mask[:, t], advantages[:, t]
+    return advantages, (advantages + values) * mask
+
+
+def token_rewards(scores, old_logp, ref_logp, mask, beta_kl):
+    """Per-token rewards [N, T]: -beta_kl (log pi_old - log pi_ref) on every completion token, plus the
+    task score [N] on the last one (the EOS, or the last token of a truncated completion)."""
+    rewards = -beta_kl * (old_logp - ref_logp) * mask
+    last = mask.sum(1).long() - 1
+    rewards[torch.arange(len(scores)), last] += scores
+    return rewards
+
+
+def whiten(advantages, mask):
+    """Zero mean, unit variance over the batch's valid tokens only."""
+    mean = common.masked_mean(advantages, mask)
+    var = common.masked_mean((advantages - mean) ** 2, mask)
+    return (advantages - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def explained_variance(values, returns, mask):
+    """1 - Var(returns - V) / Var(returns) over valid tokens: 1 is a perfect critic, 0 no better than a constant."""
+    var = lambda x: common.masked_mean((x - common.masked_mean(x, mask)) ** 2, mask)
+    return (1 - var(returns - values) / var(returns).clamp(min=1e-8)).item()
+
+
+def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+    """PPO's clipped surrogate, per token, averaged over all valid tokens. logp, old_logp, advantages,
+    mask [N, T]."""
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)                                         # r_it [N, T]
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
+    loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
+    with torch.no_grad():
+        clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | ((advantages < 0) & (ratio < 1 - clip_eps))
+        metrics = {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
+                   "approx_kl": common.masked_mean(ratio - 1 - log_ratio, mask).item()}   # k3 KL(old || new)
+    return loss, metrics
+
+
+def value_loss(values, old_values, returns, mask, clip_range=0.2):
+    """Clipped value loss: 0.5 * mean over valid tokens of max((V - R)^2, (clip(V, V_old +- c) - R)^2)."""
+    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    return 0.5 * common.masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
+
+
+def train(args):
+    # ------------------------------------------------------------ setup (plumbing)
+    common.check_common_args(args, min_group_size=1)
+    check(args.clip_eps > 0, f"--clip-eps must be positive, got {args.clip_eps}")
+    check(args.beta_kl >= 0, f"--beta-kl must be 0 or positive, got {args.beta_kl}")
+    check(args.critic_lr > 0, f"--critic-lr must be positive, got {args.critic_lr}")
+    check(args.value_clip > 0, f"--value-clip must be positive, got {args.value_clip}")
+    check(args.epochs > 0, f"--epochs must be positive, got {args.epochs}")
+    check(0 <= args.gamma <= 1 and 0 <= args.lam <= 1, f"--gamma and --lam must be in [0, 1], got {args.gamma}, {args.lam}")
+    device = common.pick_device(args.device)
+    policy, world = common.make_policy(args, device)
+    common.seed_everything(args.seed)
+    ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
+    critic = common.make_critic(policy)                                 # the warm-started weights, a scalar head
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0, fused=True)
+    run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
+                                                         "critic": critic, "critic_optimizer": critic_optimizer})
+    print(f"policy {sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters, critic "
+          f"{sum(p.numel() for p in critic.parameters()) / 1e6:.2f} M more, reference {sum(p.numel() for p in ref.parameters()) / 1e6:.2f} M frozen")
+
+    for step in run.steps():
+        # ------------------------------------------------------------ rollout
+        t0 = time.perf_counter()
+        prompts, answers = world.sample(args.prompts_per_step)
+        rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+        scores = common.rewards_of(world, rollout, answers, args.group_size)              # task reward [N]
+        t1 = time.perf_counter()
+        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
+                                                             args.minibatches)
+        t2 = time.perf_counter()
+        ref_logp = common.old_logprobs(ref, world, rollout, args.temperature, args.minibatches)[0]
+        t3 = time.perf_counter()
+        with torch.no_grad():
+            old_values = torch.cat([common.values(critic, rollout[idx])                   # V(s_t) [N, T]
+                                    for idx in common.minibatches(len(scores), args.minibatches)])
+        rewards = token_rewards(scores, old_logp, ref_logp, rollout.mask, args.beta_kl)  # [N, T]
+        advantages, returns = compute_advantages(rewards, old_values, rollout.mask, args.gamma, args.lam)
+        advantages = whiten(advantages, rollout.mask)
+        critic_time = time.perf_counter() - t3
+
+        # ------------------------------------------------------------ update
+        stats = []
+        for idx in common.minibatches(len(scores), args.minibatches) * args.epochs:          # --epochs passes
+            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
+            metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
+            t_critic = time.perf_counter()
+            critic_loss = value_loss(common.values(critic, rollout[idx]), old_values[idx], returns[idx],
+                                     rollout.mask[idx], args.value_clip)
+            critic_step = common.optimizer_step(critic, critic_optimizer, critic_loss, args.max_grad_norm)
+            critic_time += time.perf_counter() - t_critic
+            metrics |= {"value_loss": critic_loss.item(), "critic_grad_norm": critic_step["grad_norm"],
+                        "skipped_updates": metrics["skipped_updates"] + critic_step["skipped_updates"]}
+            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
+                                                        aux_loss))
+        t4 = time.perf_counter()
+
+        # ------------------------------------------------------------ log
+        record = {"step": step, **common.rollout_metrics(scores, rollout, entropy), **common.mean_metrics(stats),
+                  "explained_variance": explained_variance(old_values, returns, rollout.mask),
+                  "kl_ref": common.masked_mean(old_logp - ref_logp, rollout.mask).item(),
+                  "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
+                  "time_ref_s": t3 - t2, "time_critic_s": critic_time, "time_update_s": t4 - t3 - critic_time}
+        run.log(record)
+
+    run.finish()
+
+
+def main(argv=None):
+    common.run_main(train, common.parse_args(Args, __doc__, argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""PPO: GAE, token rewards, whitening, the two losses, and end-to-end runs."""
+import json
+
+import pytest
+import torch
+
+import ppo
+
+
+def ragged_mask():
+    mask = torch.zeros(4, 6)
+    for i, n in enumerate([6, 3, 1, 4]):
+        mask[i, :n] = 1
+    return mask
+
+
+def test_gae_matches_a_slow_reference_loop():
+    torch.manual_seed(0)
+    mask = ragged_mask()
+    rewards, values = torch.randn(4, 6) * mask, torch.randn(4, 6) * mask
+    gamma, lam = 0.9, 0.8
+    advantages, returns = ppo.compute_advantages(rewards, values, mask, gamma, lam)
+    for i in range(4):                                               # one sequence at a time, plain Python
+        n = int(mask[i].sum())
+        r, v = rewards[i, :n].tolist(), values[i, :n].tolist() + [0.0]   # V after the last token = 0
+        running, expected = 0.0, [0.0] * n
+        for t in reversed(range(n)):
+            running = r[t] + gamma * v[t + 1] - v[t] + gamma * lam * running
+            expected[t] = running
+        assert advantages[i, :n].tolist() == pytest.approx(expected, abs=1e-6)
+        assert returns[i, :n].tolist() == pytest.approx([a + b for a, b in zip(expected, v[:n])], abs=1e-6)
+        assert (advantages[i, n:] == 0).all() and (returns[i, n:] == 0).all()
+
+
+def test_gae_with_gamma_and_lam_one_is_reward_to_go_minus_value():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.2, 0.5, 0.7, 9.0]])                      # the padded value must not leak in
+    advantages, returns = ppo.compute_advantages(torch.tensor([[0.1, 0.0, 1.0, 5.0]]), values, mask, 1.0, 1.0)
+    assert advantages[0].tolist() == pytest.approx([1.1 - 0.2, 1.0 - 0.5, 1.0 - 0.7, 0.0])
+    assert returns[0].tolist() == pytest.approx([1.1, 1.0, 1.0, 0.0])
+
+
+def test_token_rewards_kl_on_every_token_score_on_the_last():
+    mask = ragged_mask()
+    old_logp = -torch.rand(4, 6)
+    ref_logp = old_logp - 0.5 * mask                                  # log pi_old - log pi_ref = 0.5 on valid tokens
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    rewards = ppo.token_rewards(scores, old_logp, ref_logp, mask, beta_kl=0.1)
+    expected = -0.05 * mask
+    for i, n in enumerate([6, 3, 1, 4]):
+        expected[i, n - 1] += scores[i]
+    assert torch.allclose(rewards, expected)
+
+
+def test_whitening_uses_valid_tokens_only():
+    mask = ragged_mask()
+    advantages = torch.randn(4, 6) * mask + 100 * (1 - mask)           # huge junk on the padding
+    white = ppo.whiten(advantages, mask)
+    valid = white[mask.bool()]
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert (valid ** 2).mean().item() == pytest.approx(1.0, abs=1e-4)
+    assert (white[~mask.bool()] == 0).all()
+    x = advantages[mask.bool()]
+    assert torch.allclose(valid, (x - x.mean()) / x.var(unbiased=False).sqrt(), atol=1e-4)
+
+
+def test_policy_loss_by_hand():
+    ratios = torch.tensor([[1.0, 1.5, 0.5], [1.1, 0.7, 1.0]])
+    old_logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.3, -2.0]])
+    logp = (old_logp + ratios.log()).requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    advantages = torch.tensor([[1.0, 2.0, 1.0], [-1.0, -1.0, 3.0]])
+    loss, metrics = ppo.policy_loss(logp, old_logp, advantages, mask)
+    # Per token min(r A, clip(r) A): 1.0, 1.2*2, 0.5, -1.1, -0.8; mean over 5 valid tokens.
+    assert loss.item() == pytest.approx(-(1.0 + 2.4 + 0.5 - 1.1 - 0.8) / 5, abs=1e-6)
+    assert metrics["clip_frac"] == pytest.approx(2 / 5)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0 / 5, 0.0, -0.5 / 5], [1.1 / 5, 0.0, 0.0]]), atol=1e-6)
+
+
+def test_value_loss_clipping_by_hand():
+    old_values = torch.tensor([[0.0, 0.0, 0.0, 0.0]])
+    returns = torch.tensor([[1.0, 1.0, -1.0, 7.0]])
+    values = torch.tensor([[0.5, 0.1, 0.5, 3.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    loss = ppo.value_loss(values, old_values, returns, mask, clip_range=0.2)
+    # token 0: V moved 0.5 > 0.2: clipped V 0.2 -> max(0.25, 0.64) = 0.64 (the clipped term wins, no gradient)
+    # token 1: inside the clip: (0.1 - 1)^2 = 0.81
+    # token 2: clipped V 0.2 -> max((0.5 + 1)^2, (0.2 + 1)^2) = 2.25 (the unclipped term wins)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3, abs=1e-6)
+    loss.backward()
+    assert values.grad.tolist()[0] == pytest.approx([0.0, 0.5 * 2 * (0.1 - 1) / 3, 0.5 * 2 * 1.5 / 3, 0.0], abs=1e-6)
+
+
+def test_explained_variance():
+    mask = ragged_mask()
+    returns = torch.randn(4, 6) * mask
+    assert ppo.explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    constant = torch.full((4, 6), returns[mask.bool()].mean().item())
+    assert ppo.explained_variance(constant, returns, mask) == pytest.approx(0.0, abs=1e-5)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ppo_end_to_end_on_the_toy(tmp_path):
+    ppo.main(["--steps", "3", "--prompts-per-step", "16", "--minibatches", "2", "--eval-size", "16",
+              "--eval-every", "2", "--out", str(tmp_path)])
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        for key in ("value_loss", "explained_variance", "kl_ref", "clip_frac", "time_critic_s", "peak_memory_mb",
+                    "routing_drift", "entropy"):
+            assert r[key] is not None and r[key] == r[key], key
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert {"policy", "optimizer", "critic", "critic_optimizer"} <= set(checkpoint)
+
+
+def test_ppo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, hf_dense):
+    ppo.main(["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "6", "--eval-size", "5",
+              "--steps", "2", "--prompts-per-step", "4", "--minibatches", "2", "--out", str(tmp_path)])
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["value_loss"] >= 0
+
+
+def test_ppo_resume_gives_the_same_metrics(tmp_path):
+    tiny = ["--prompts-per-step", "16", "--minibatches", "2", "--eval-size", "16", "--eval-every", "2"]
+    ppo.main(tiny + ["--steps", "4", "--out", str(tmp_path / "long")])
+    ppo.main(tiny + ["--steps", "2", "--out", str(tmp_path / "split")])
+    ppo.main(tiny + ["--steps", "4", "--resume", str(tmp_path / "split")])
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("step_time_s", "peak_memory_mb")}
+                          for r in rows]
+    assert strip(metrics(tmp_path / "split")) == strip(metrics(tmp_path / "long"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "--epochs must be positive"),
+    (["--critic-lr", "0"], "--critic-lr must be positive"),
+    (["--lam", "1.5"], "--gamma and --lam must be in [0, 1]"),
+    (["--group-size", "0"], "--group-size must be positive"),
+])
+def test_bad_ppo_flags(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        ppo.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err
