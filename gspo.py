@@ -32,8 +32,8 @@ sequence clipping acts. Metrics go to runs/gspo-<task>/metrics.jsonl.
 
 What to expect (2 CPU cores, seed 0): greedy accuracy on 500 held-out problems 0.60 -> 0.82, sampled
 accuracy 0.35 over the first 300 steps -> 0.72 over the last 240 (grpo.py: 0.81 and 0.75), 0.079 s
-per step, 3 min 17 s in all. About 30% of tokens are clipped early on (whole sequences, as the paper counts; GRPO clips ~1%),
-falling to 20% as the policy sharpens.
+per step, 3 min 17 s in all. About 30% of tokens are clipped early on (whole sequences, as the paper
+counts; GRPO clips ~1%), falling to 20% as the policy sharpens.
 
 What differs from grpo.py
 - policy_loss: the sequence ratio s_i and sequence clipping with eps_low 3e-4 / eps_high 4e-4;

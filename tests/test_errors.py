@@ -1,10 +1,10 @@
 """Bad input gets one clear line on stderr and exit code 2, never a traceback."""
+import importlib
 import json
 
 import pytest
 
 import grpo
-import gspo
 
 
 def run(argv, capsys):
@@ -85,28 +85,22 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
     assert code == 2 and "row 2: prompt of 200 tokens" in err and "context of 128 tokens" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
-    (["--clip-eps-high", "-0.0001"], "--clip-eps-low and --clip-eps-high must be positive"),
-    (["--group-size", "1"], "--group-size must be at least 2"),
-    (["--routing-replay"], "unrecognized arguments: --routing-replay"),
+@pytest.mark.parametrize("script, argv, message", [
+    ("gspo", ["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
+    ("gspo", ["--clip-eps-high", "-0.0001"], "--clip-eps-low and --clip-eps-high must be positive"),
+    ("gspo", ["--group-size", "1"], "--group-size must be at least 2"),
+    ("gspo", ["--routing-replay"], "unrecognized arguments: --routing-replay"),
+    ("dapo", ["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
+    ("dapo", ["--max-generation-rounds", "0"], "--max-generation-rounds must be positive"),
+    ("dapo", ["--overlong-buffer", "8"], "--overlong-buffer must be between 1 and --max-new-tokens - 1 (7), got 8"),
+    ("dapo", ["--task", "progression", "--max-new-tokens", "60"], "7 prompt tokens + 60 exceed the toy model's 64"),
+    ("ppo", ["--epochs", "0"], "--epochs must be positive"),
+    ("ppo", ["--critic-lr", "0"], "--critic-lr must be positive"),
+    ("ppo", ["--lam", "1.5"], "--gamma and --lam must be in [0, 1]"),
+    ("ppo", ["--group-size", "0"], "--group-size must be positive"),
 ])
-def test_bad_gspo_flags(argv, message, capsys):
+def test_bad_flags_of_the_other_scripts(script, argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        gspo.main(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and message in err and "Traceback" not in err
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
-    (["--max-generation-rounds", "0"], "--max-generation-rounds must be positive"),
-    (["--overlong-buffer", "8"], "--overlong-buffer must be between 1 and --max-new-tokens - 1 (7), got 8"),
-    (["--task", "progression", "--max-new-tokens", "60"], "7 prompt tokens + 60 exceed the toy model's 64 positions"),
-])
-def test_bad_dapo_flags(argv, message, capsys):
-    import dapo
-    with pytest.raises(SystemExit) as stop:
-        dapo.main(argv)
+        importlib.import_module(script).main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and "Traceback" not in err
