@@ -358,6 +358,8 @@ def make_critic(policy):
     """PPO's value model: the policy's architecture and weights (warm-started), with the vocabulary
     head swapped for a scalar one, initialised to 0 so the first values are 0."""
     critic = copy.deepcopy(policy)
+    if not isinstance(critic, MoETransformer):
+        critic.config.tie_word_embeddings = False   # else a later tie_weights() would put the vocabulary head back
     head = critic.head if isinstance(critic, MoETransformer) else critic.get_output_embeddings()
     value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device)
     torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
@@ -372,6 +374,7 @@ def values(critic, rollout):
     """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
     T = rollout.mask.shape[1]
     out, _, _, _ = forward(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], keep=T)
+    assert out.shape[-1] == 1, "the critic's head must be scalar"
     return out[..., 0] * rollout.mask
 
 

@@ -86,7 +86,7 @@ def compute_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
     advantages, returns [N, T], 0 on padding. The value after the last valid token is 0."""
     N, T = rewards.shape
     advantages = torch.zeros_like(rewards)
-    next_value, next_advantage = torch.zeros(N), torch.zeros(N)
+    next_value, next_advantage = rewards.new_zeros(N), rewards.new_zeros(N)     # on the batch's device
     for t in reversed(range(T)):                                         # over time, batched over N
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]

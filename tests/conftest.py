@@ -14,7 +14,7 @@ def private_cache(tmp_path_factory):
     os.environ["RL_CACHE_DIR"] = str(tmp_path_factory.mktemp("base-cache"))
 
 
-def build_tiny_hf(folder, kind):
+def build_tiny_hf(folder, kind, tied=False):
     """A tiny Hugging Face causal LM and character tokenizer, built offline from a config."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -28,7 +28,7 @@ def build_tiny_hf(folder, kind):
                                         unk_token="<unk>")
     common = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                  pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
+                  pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=tied)
     if kind == "moe":
         config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                 decoder_sparse_step=1, mlp_only_layers=[])
@@ -61,3 +61,8 @@ def jsonl(tmp_path):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", 'slow: long tests (real learning); skip them with -m "not slow"')
+
+
+@pytest.fixture(scope="session")
+def hf_tied(tmp_path_factory):
+    return build_tiny_hf(tmp_path_factory.mktemp("tiny-qwen3-tied"), "dense", tied=True)
