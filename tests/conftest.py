@@ -9,9 +9,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_cache(tmp_path_factory):
-    """Warm-started toy bases go to a cache of this test session, not the user's."""
-    os.environ["RL_CACHE_DIR"] = str(tmp_path_factory.mktemp("base-cache"))
+def test_cache():
+    """Warm-started toy bases of the tests go to a git-ignored folder of the repository, not the user's
+    cache; they are keyed by every setting, so keeping them between runs only saves time."""
+    os.environ["RL_CACHE_DIR"] = str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "rl-bases")
 
 
 def build_tiny_hf(folder, kind, tied=False):
