@@ -14,7 +14,6 @@ import re
 import resource
 import signal
 import sys
-import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -198,7 +198,7 @@ def train(args):
     check(args.overlong_buffer is None or 0 < args.overlong_buffer < world.max_new_tokens,
           f"--overlong-buffer must be between 1 and --max-new-tokens - 1 ({world.max_new_tokens - 1}), "
           f"got {args.overlong_buffer}")
-    common.seed_everything(args.seed)
+    common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 

@@ -117,7 +117,7 @@ def train(args):
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
     check(not args.routing_replay or common.is_toy_moe(policy), "--routing-replay needs the toy MoE (n_experts > 1)")
-    common.seed_everything(args.seed)
+    common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})

@@ -145,7 +145,7 @@ def train(args):
           f"--clip-eps-low and --clip-eps-high must be positive, got {args.clip_eps_low} and {args.clip_eps_high}")
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
-    common.seed_everything(args.seed)
+    common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 

@@ -147,7 +147,7 @@ def train(args):
     check(0 <= args.gamma <= 1 and 0 <= args.lam <= 1, f"--gamma and --lam must be in [0, 1], got {args.gamma}, {args.lam}")
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
-    common.seed_everything(args.seed)
+    common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
     critic = common.make_critic(policy)                                 # the warm-started weights, a scalar head
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel

@@ -40,6 +40,7 @@ def test_loss_and_clip_fraction_by_hand():
     logp = (old_logp + torch.tensor([[3e-4, 3e-4, 3e-4], [-1e-3, -1e-3, 0.0]])).requires_grad_(True)
     loss, metrics = gspo.policy_loss(logp, old_logp, torch.tensor([1.0, -1.0]), mask)
     s0, s1 = math.exp(3e-4), math.exp(-1e-3)
+    assert 1 - 3e-4 < s0 < 1 + 4e-4 and s1 < 1 - 3e-4                 # row 0 inside the band, row 1 below it
     # min(s0 * 1, clip(s0) * 1) = s0; min(-s1, -clip(s1)) = min(-0.9990, -0.9997) = -0.9997.
     assert loss.item() == pytest.approx(-(s0 - (1 - 3e-4)) / 2, abs=1e-6)
     assert metrics["clip_frac"] == pytest.approx(2 / 5)              # the 2 tokens of the clipped sequence
