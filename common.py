@@ -409,7 +409,8 @@ def forward(model, tokens, attention_mask, cache=None, routing=None, use_cache=F
             cache = [None] * model.cfg.n_layers
         with autocast(tokens.device):
             logits, chosen, aux_loss = model(tokens, cache=cache, routing=routing)
-        return logits[:, -keep:].float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
+        logits = logits if keep == 0 else logits[:, -keep:]          # keep=0: every position, as in HF
+        return logits.float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
     check(routing is None, "Routing Replay is implemented for the toy MoE model only")
     # Left padding: positions count only real tokens, so every prompt starts at position 0.
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
@@ -555,13 +556,15 @@ def minibatches(n, count):
     return torch.arange(n).chunk(count)
 
 
+def experts_changed(routing, old_routing, T):
+    """[L, N, T] bool: the top-k expert set differs from the recorded one, at the positions that
+    predict the T completion tokens. routing, old_routing [L, N, P+T-1, k]."""
+    return (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)
+
+
 def routing_drift(routing, old_routing, mask):
-    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one,
-    at the positions that predict the completion tokens. routing, old_routing [L, N, P+T-1, k]; mask [N, T]."""
-    T = mask.shape[1]
-    routing, old_routing = routing[:, :, -T:], old_routing[:, :, -T:]
-    changed = (routing.sort(-1).values != old_routing.sort(-1).values).any(-1)   # [L, N, T]
-    return ((changed.float() * mask).sum() / (mask.sum() * len(routing))).item()
+    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one."""
+    return masked_mean(experts_changed(routing, old_routing, mask.shape[1]).float().mean(0), mask).item()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -616,11 +619,10 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
         metrics = {"token_ratio_var": log_ratio.exp().var().item() if len(log_ratio) > 1 else float("nan")}
         if routing is None:
             return metrics
-        T = mask.shape[1]
-        changed = (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)  # [L, N, T]
-        rerouted = changed.any(0)[valid]
+        changed = experts_changed(routing, old_routing, mask.shape[1])                    # [L, N, T]
+        rerouted = changed.any(0)[valid]                                                   # in any layer
         mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
-        return metrics | {"routing_drift": routing_drift(routing, old_routing, mask),
+        return metrics | {"routing_drift": masked_mean(changed.float().mean(0), mask).item(),
                           "rerouted_token_frac": rerouted.float().mean().item(),
                           "abs_log_ratio_rerouted": mean_abs(log_ratio[rerouted]),
                           "abs_log_ratio_other": mean_abs(log_ratio[~rerouted]),
@@ -633,7 +635,10 @@ def mean_metrics(per_minibatch):
     out = {}
     for k in per_minibatch[0]:
         values = [m[k] for m in per_minibatch if k in m and math.isfinite(m[k])]
-        out[k] = sum(values) if k == "skipped_updates" else sum(values) / len(values) if values else None
+        if k == "skipped_updates":
+            out[k] = sum(values)
+        else:
+            out[k] = sum(values) / len(values) if values else None   # None: every minibatch was skipped
     return out
 
 

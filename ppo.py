@@ -144,7 +144,8 @@ def train(args):
     check(args.critic_lr > 0, f"--critic-lr must be positive, got {args.critic_lr}")
     check(args.value_clip > 0, f"--value-clip must be positive, got {args.value_clip}")
     check(args.epochs > 0, f"--epochs must be positive, got {args.epochs}")
-    check(0 <= args.gamma <= 1 and 0 <= args.lam <= 1, f"--gamma and --lam must be in [0, 1], got {args.gamma}, {args.lam}")
+    check(0 <= args.gamma <= 1 and 0 <= args.lam <= 1,
+          f"--gamma and --lam must be in [0, 1], got {args.gamma}, {args.lam}")
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
@@ -154,8 +155,9 @@ def train(args):
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0, fused=True)
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
                                                          "critic": critic, "critic_optimizer": critic_optimizer})
-    print(f"policy {sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters, critic "
-          f"{sum(p.numel() for p in critic.parameters()) / 1e6:.2f} M more, reference {sum(p.numel() for p in ref.parameters()) / 1e6:.2f} M frozen")
+    millions = lambda model: sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"policy {millions(policy):.2f} M parameters, critic {millions(critic):.2f} M more (trained), "
+          f"reference {millions(ref):.2f} M (frozen)")
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout
@@ -172,10 +174,10 @@ def train(args):
         with torch.no_grad():
             old_values = torch.cat([common.values(critic, rollout[idx])                   # V(s_t) [N, T]
                                     for idx in common.minibatches(len(scores), args.minibatches)])
+        critic_time = time.perf_counter() - t3                          # the critic's cost, summed below
         rewards = token_rewards(scores, old_logp, ref_logp, rollout.mask, args.beta_kl)  # [N, T]
         advantages, returns = compute_advantages(rewards, old_values, rollout.mask, args.gamma, args.lam)
         advantages = whiten(advantages, rollout.mask)
-        critic_time = time.perf_counter() - t3
 
         # ------------------------------------------------------------ update
         stats = []
