@@ -196,9 +196,11 @@ def toy_world(task, eval_size, max_new_tokens):
                  max_new_tokens or TASKS[task].max_new_tokens)
 
 
-def toy_model_config(args):
-    return MoEConfig(vocab_size=len(TOY_VOCAB), max_seq_len=64, d_model=args.d_model, n_layers=args.n_layers,
-                     n_experts=args.n_experts)
+def toy_model_config(args, world):
+    """64 positions, or more when --max-new-tokens asks for them (rotary positions: no table to learn)."""
+    longest = max(p.numel() for p, _ in world.train) + world.max_new_tokens
+    return MoEConfig(vocab_size=len(TOY_VOCAB), max_seq_len=max(64, longest), d_model=args.d_model,
+                     n_layers=args.n_layers, n_experts=args.n_experts)
 
 
 def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0):
@@ -239,7 +241,7 @@ def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two runs building the same base never share a file
     torch.save(model.state_dict(), tmp)
     os.replace(tmp, path)  # atomic: another run never reads half a file
     return model, path
@@ -332,10 +334,7 @@ def make_policy(args, device):
     """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
     if args.model is None:
         world = toy_world(args.task, args.eval_size, args.max_new_tokens)
-        cfg = toy_model_config(args)
-        P = world.train[0][0].numel()
-        check(P + world.max_new_tokens <= cfg.max_seq_len, f"--max-new-tokens {world.max_new_tokens} is too long: "
-              f"{P} prompt tokens + {world.max_new_tokens} exceed the toy model's {cfg.max_seq_len} positions")
+        cfg = toy_model_config(args, world)
         model, path = warm_start(world, cfg, TASKS[args.task])
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
               f"warm-started base: {path}")
@@ -474,9 +473,10 @@ def mask_logits(logits, world):
 
 
 @torch.no_grad()
-def generate(model, world, prompts, group_size, temperature, greedy=False):
+def generate(model, world, prompts, group_size, temperature, greedy=False, use_cache=True):
     """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
-    Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g."""
+    Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g. use_cache=False runs
+    the whole sequence again for every new token (what the cache saves; benchmarks/speed.py)."""
     device = next(model.parameters()).device
     tokens, attention_mask = left_pad([p for p in prompts for _ in range(group_size)], world.pad_id)
     tokens, attention_mask = tokens.to(device), attention_mask.to(device)
@@ -495,7 +495,10 @@ def generate(model, world, prompts, group_size, temperature, greedy=False):
         if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-        logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True, keep=1)
+        if use_cache:
+            logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True, keep=1)
+        else:
+            logits = forward(model, torch.cat([tokens, *[t[:, None] for t in new]], 1), attention_mask, keep=1)[0]
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = completion == world.eos_id
     finished = is_eos.any(1)

@@ -63,6 +63,30 @@ def test_greedy_generation_with_cache_matches_argmax_of_full_forward():
     assert torch.equal(z.argmax(-1)[m], rollout.completions[m])
 
 
+@pytest.mark.parametrize("which", ["toy", "hf_moe"])
+def test_generation_without_the_cache_samples_the_same_tokens(which, request):
+    """The KV cache only saves work: with the same seed, recomputing every prefix draws the same samples."""
+    if which == "toy":
+        model, world = toy()
+        prompts, _ = world.sample(4)
+    else:
+        model, tokenizer = common.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))
+        world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 6)
+        prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok", "7*8=")]
+    rollouts = []
+    for use_cache in (True, False):
+        torch.manual_seed(3)
+        rollouts.append(common.generate(model, world, prompts, 3, 1.0, use_cache=use_cache))
+    assert rollouts[0].mask.sum() > 6
+    assert torch.equal(rollouts[0].tokens, rollouts[1].tokens) and torch.equal(rollouts[0].mask, rollouts[1].mask)
+
+
+def test_toy_model_gets_the_positions_long_completions_need():
+    args = type("Args", (), {"d_model": 64, "n_layers": 2, "n_experts": 8})
+    assert common.toy_model_config(args, common.toy_world("add", 50, None)).max_seq_len == 64
+    assert common.toy_model_config(args, common.toy_world("add", 50, 100)).max_seq_len == 6 + 100
+
+
 def test_old_logprobs_in_chunks_match_one_pass_and_record_routing():
     model, world = toy()
     prompts, _ = world.sample(4)

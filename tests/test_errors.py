@@ -26,7 +26,6 @@ def run(argv, capsys):
     (["--minibatches", "3"], "--minibatches 3 must divide the 128 completions"),
     (["--task", "chess"], "unknown --task 'chess'"),
     (["--device", "tpu"], "unknown --device 'tpu'"),
-    (["--max-new-tokens", "100"], "6 prompt tokens + 100 exceed the toy model's 64 positions"),
     (["--n-experts", "1", "--routing-replay"], "--routing-replay needs the toy MoE"),
     (["--data", "x.jsonl"], "--data needs --model"),
     (["--steps", "abc"], "invalid int value: 'abc'"),

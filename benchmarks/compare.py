@@ -1,0 +1,332 @@
+"""The study: the four algorithms side by side on the toy MoE, several seeds each.
+
+    python benchmarks/compare.py            # the full study, about 45 min on 2 CPU cores
+    python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
+    python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
+
+It runs the algorithm scripts as they are (a subprocess each, with flags), two at a time on one thread
+each, and reads their metrics.jsonl. Every run of an experiment starts from the same warm-started base
+and generates the same number of completions per step (ppo: 128 prompts x 1; the others 16 x 8);
+Dynamic Sampling makes DAPO generate more, which the column `completions/step` shows.
+
+Experiments (one markdown table each in benchmarks/results/study.md, one figure for the first three):
+  main    ppo, grpo, grpo + Routing Replay, dapo, gspo, gspo-token on `add`
+  length  dapo with all four techniques, then each switched off, and all off, on `progression`
+  stress  grpo, grpo + Routing Replay and gspo under off-policy pressure: 16 minibatches (4x the updates)
+  depth   grpo on deeper toy models (2, 4, 8 layers): routing drift against depth
+Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
+ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
+
+# experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
+EXPERIMENTS = {
+    "main": (["--task", "add"], 600, 20, [
+        ("ppo", "ppo.py", []),
+        ("grpo", "grpo.py", []),
+        ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("dapo", "dapo.py", []),
+        ("gspo", "gspo.py", []),
+        ("gspo-token", "gspo.py", ["--token-level"])]),
+    "length": (["--task", "progression"], 300, 15, [
+        ("dapo (all four)", "dapo.py", []),
+        ("no clip-higher", "dapo.py", ["--no-clip-higher"]),
+        ("no dynamic sampling", "dapo.py", ["--no-dynamic-sampling"]),
+        ("no token-level loss", "dapo.py", ["--no-token-level-loss"]),
+        ("no overlong shaping", "dapo.py", ["--no-overlong-shaping"]),
+        ("all off (= grpo)", "dapo.py", ALL_OFF)]),
+    "stress": (["--task", "add", "--minibatches", "16"], 400, 15, [
+        ("grpo", "grpo.py", []),
+        ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("gspo", "gspo.py", [])]),
+    "depth": (["--task", "add"], 100, 10, [
+        ("2 layers", "grpo.py", ["--n-layers", "2"]),
+        ("4 layers", "grpo.py", ["--n-layers", "4"]),
+        ("8 layers", "grpo.py", ["--n-layers", "8"])]),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+
+def run_dir(experiment, label, seed):
+    return RUNS / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
+
+
+def finished(out, steps):
+    path = out / "metrics.jsonl"
+    if not path.exists() or not path.read_text().strip():
+        return False
+    return json.loads(path.read_text().splitlines()[-1])["step"] == steps
+
+
+def launch(job):
+    script, flags, out, threads = job
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "log.txt", "w") as log:
+        rc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'}: {script} {' '.join(flags)}",
+          flush=True)
+    return rc
+
+
+def run_all(experiments, seeds, quick, jobs, threads, rerun):
+    todo = []
+    for name in experiments:
+        shared, full_steps, quick_steps, runs = EXPERIMENTS[name]
+        steps = quick_steps if quick else full_steps
+        extra = ["--steps", str(steps), "--eval-every", str(steps // (2 if quick else 12)), "--save-every", "0"]
+        extra += ["--eval-size", "100"] if quick else []
+        for label, script, flags in runs:
+            for seed in seeds:
+                out = run_dir(name, label, seed)
+                if rerun or not finished(out, steps):
+                    todo.append((script, shared + flags + extra + ["--seed", str(seed)], out, threads))
+    print(f"{len(todo)} runs to do, {jobs} at a time", flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        codes = list(pool.map(launch, todo))
+    return sum(rc != 0 for rc in codes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summaries: one row of scalars per run, then mean +- std over seeds
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def sampled_accuracy(row):
+    """The policy's own accuracy: DAPO's `accuracy` is over the kept (filtered) groups only."""
+    return row.get("sampled_accuracy", row["accuracy"])
+
+
+def completions(row, per_step=128):
+    return row.get("generation_rounds", 1) * per_step
+
+
+def steps_to(evals, target):
+    """First evaluated step whose greedy accuracy reaches `target`, or None. evals: [(step, acc)]."""
+    return next((step for step, acc in evals if acc >= target), None)
+
+
+def nanmean(values):
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarise(rows, target=None):
+    """Scalars of one run's metrics.jsonl rows. Wall time is the training loop's own (sum of the
+    step times: evaluation, identical for every algorithm, is left out). `target`: the greedy accuracy
+    whose first crossing is timed."""
+    steps = [r for r in rows if "step_time_s" in r]
+    last = steps[-max(1, len(steps) // 10):]                        # "at the end": the last 10% of steps
+    wall, clock = {0: 0.0}, 0.0
+    for r in steps:
+        clock += r["step_time_s"]
+        wall[r["step"]] = clock
+    evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    budget = len(steps) * 128                                       # completions a one-round run generates
+    generated, at_budget = 0, evals[0][1]
+    for r in steps:
+        generated += completions(r)
+        if generated > budget:
+            break
+        at_budget = next((acc for step, acc in evals if step == r["step"]), at_budget)
+    reached = steps_to(evals, target) if target is not None else None
+    mean = lambda key, rs=last: nanmean([r.get(key) for r in rs])
+    return {
+        "base": evals[0][1], "final": evals[-1][1], "at_equal_completions": at_budget,
+        "steps_to_target": reached, "seconds_to_target": None if reached is None else wall[reached],
+        "sampled_accuracy_end": nanmean([sampled_accuracy(r) for r in last]),
+        "clip_frac": mean("clip_frac", steps), "entropy_end": mean("entropy"),
+        "length_end": mean("response_len_mean"),
+        "truncated_end": nanmean([r.get("sampled_truncated_frac", r["truncated_frac"]) for r in last]),
+        "steps_to_truncation_2pct": next((r["step"] for r in steps
+                                          if r.get("sampled_truncated_frac", r["truncated_frac"]) < 0.02), None),
+        "routing_drift": mean("routing_drift", steps),
+        "log_ratio_rerouted": mean("abs_log_ratio_rerouted", steps), "log_ratio_other": mean("abs_log_ratio_other", steps),
+        "ratio_var_mean": mean("token_ratio_var", steps),
+        "ratio_var_max": max((r["token_ratio_var"] for r in steps if r.get("token_ratio_var") is not None),
+                             default=float("nan")),
+        "grad_norm_max": max((r["grad_norm"] for r in steps if "grad_norm" in r), default=float("nan")),
+        "peak_memory_mb": max(r["peak_memory_mb"] for r in steps),
+        "seconds_per_step": clock / len(steps),
+        "completions_per_step": sum(completions(r) for r in steps) / len(steps),
+    }
+
+
+def mean_std(values, fmt="{:.3f}"):
+    """'mean ± std' over seeds (std with n-1); runs that never got there are counted, not averaged."""
+    got = [v for v in values if v is not None and not math.isnan(v)]
+    if not got:
+        return "never" if values and all(v is None for v in values) else "—"
+    text = fmt.format(statistics.mean(got))
+    if len(got) > 1:
+        text += " ± " + fmt.format(statistics.stdev(got))
+    if len(got) < len(values):
+        text += f" ({len(got)}/{len(values)} seeds)"
+    return text
+
+
+# column title, summary key, format
+COLUMNS = {
+    "main": [("final eval acc", "final", "{:.3f}"), ("eval acc at equal completions", "at_equal_completions", "{:.3f}"),
+             ("steps to half-gap", "steps_to_target", "{:.0f}"), ("seconds to half-gap", "seconds_to_target", "{:.0f}"),
+             ("clip frac", "clip_frac", "{:.4f}"), ("entropy (end)", "entropy_end", "{:.3f}"),
+             ("length (end)", "length_end", "{:.2f}"), ("routing drift", "routing_drift", "{:.4f}"),
+             ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
+             ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
+             ("peak MB", "peak_memory_mb", "{:.0f}"), ("s/step", "seconds_per_step", "{:.3f}"),
+             ("completions/step", "completions_per_step", "{:.0f}")],
+    "length": [("final eval acc", "final", "{:.3f}"), ("eval acc at equal completions", "at_equal_completions", "{:.3f}"),
+               ("steps to < 2% truncated", "steps_to_truncation_2pct", "{:.0f}"), ("truncated (end)", "truncated_end", "{:.3f}"),
+               ("length (end)", "length_end", "{:.2f}"), ("entropy (end)", "entropy_end", "{:.3f}"),
+               ("clip frac", "clip_frac", "{:.4f}"), ("steps to half-gap", "steps_to_target", "{:.0f}"),
+               ("s/step", "seconds_per_step", "{:.3f}"), ("completions/step", "completions_per_step", "{:.0f}")],
+    "stress": [("final eval acc", "final", "{:.3f}"), ("sampled acc (end)", "sampled_accuracy_end", "{:.3f}"),
+               ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
+               ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
+               ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
+               ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}")],
+    "depth": [("base eval acc", "base", "{:.3f}"), ("routing drift", "routing_drift", "{:.4f}"), ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"),
+              ("\\|log r\\| other", "log_ratio_other", "{:.3f}"), ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"),
+              ("final eval acc", "final", "{:.3f}"), ("s/step", "seconds_per_step", "{:.3f}")],
+}
+
+
+def collect(name, seeds):
+    """{label: [metrics rows of each finished seed]} for one experiment."""
+    found = {}
+    for label, _, _ in EXPERIMENTS[name][3]:
+        outs = [run_dir(name, label, seed) for seed in seeds]
+        found[label] = [read_metrics(o) for o in outs if (o / "metrics.jsonl").exists()]
+    return found
+
+
+def table(name, runs):
+    """Markdown table: mean ± std over seeds. The half-gap target is base + half the gap to the best
+    run's mean final accuracy."""
+    finals = {label: statistics.mean(summarise(rs)["final"] for rs in seeds) for label, seeds in runs.items() if seeds}
+    base = statistics.mean(summarise(rs)["base"] for seeds in runs.values() for rs in seeds)
+    target = base + (max(finals.values()) - base) / 2
+    header = ["run", "seeds"] + [title for title, _, _ in COLUMNS[name]]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for label, seeds in runs.items():
+        rows = [summarise(rs, target) for rs in seeds]
+        cells = [mean_std([r[key] for r in rows], fmt) for _, key, fmt in COLUMNS[name]]
+        lines.append("| " + " | ".join([label, str(len(rows))] + cells) + " |")
+    return lines, base, target
+
+
+def curve(seeds, key):
+    """Mean over seeds of a per-step quantity, against step and against training seconds. Row i of
+    every metrics.jsonl is step i (row 0: the base's evaluation)."""
+    n = min(len(rs) for rs in seeds)
+    clocks = [[0.0] * n for _ in seeds]
+    for rs, clock in zip(seeds, clocks):
+        for i in range(1, n):
+            clock[i] = clock[i - 1] + rs[i].get("step_time_s", 0.0)
+    steps, walls, values = [], [], []
+    for i in range(n):
+        rows = [rs[i] for rs in seeds]
+        if any(key(r) is None for r in rows):
+            continue
+        steps.append(i)
+        walls.append(statistics.mean(clock[i] for clock in clocks))
+        values.append(statistics.mean(key(r) for r in rows))
+    return steps, walls, values
+
+
+def smooth(values, width):
+    return [statistics.mean(values[max(0, i - width + 1):i + 1]) for i in range(len(values))]
+
+
+def figure(name, runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for label, seeds in runs.items():
+        if not seeds:
+            continue
+        sampled = curve(seeds, lambda r: sampled_accuracy(r) if "step_time_s" in r else None)
+        greedy = curve(seeds, lambda r: r.get("eval_accuracy"))
+        width = max(1, len(sampled[0]) // 30)
+        axes[0, 0].plot(sampled[0], smooth(sampled[2], width), label=label)
+        axes[0, 1].plot(sampled[1], smooth(sampled[2], width), label=label)
+        axes[1, 0].plot(greedy[0], greedy[2], marker=".", label=label)
+        axes[1, 1].plot(greedy[1], greedy[2], marker=".", label=label)
+    for ax, (x, y) in zip(axes.flat, [("step", "sampled reward (accuracy)"), ("training seconds", "sampled reward (accuracy)"),
+                                      ("step", "greedy eval accuracy"), ("training seconds", "greedy eval accuracy")]):
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend()
+    fig.suptitle(f"{name}: mean over {len(next(iter(runs.values())))} seeds; sampled reward smoothed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def report(experiments, seeds, quick):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "-quick" if quick else ""
+    lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
+             f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}`. Mean ± std over seeds "
+             f"{', '.join(map(str, seeds))}; each run on one CPU thread, two runs at a time.", ""]
+    for name in experiments:
+        runs = collect(name, seeds)
+        if not any(runs.values()):
+            continue
+        rows, base, target = table(name, runs)
+        shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
+        lines += [f"## {name}: `{' '.join(shared)}`, {quick_steps if quick else full_steps} steps", ""]
+        if name != "depth":  # the deeper models have bases of their own
+            lines += [f"Base greedy accuracy {base:.3f}; half-gap target {target:.3f}.", ""]
+        lines += rows + [""]
+        if name != "depth":
+            figure(name, runs, RESULTS / f"{name}{suffix}.png")
+            lines += [f"![{name}]({name}{suffix}.png)", ""]
+    (RESULTS / f"study{suffix}.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / f'study{suffix}.md'}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few steps per run: a smoke test of the study")
+    parser.add_argument("--only", default=",".join(EXPERIMENTS), help="experiments to run, comma-separated")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 2 with --quick)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    parser.add_argument("--rerun", action="store_true", help="run again even where a finished run exists")
+    parser.add_argument("--report", action="store_true", help="only redraw tables and figures from finished runs")
+    args = parser.parse_args(argv)
+    experiments = args.only.split(",")
+    unknown = [e for e in experiments if e not in EXPERIMENTS]
+    if unknown:
+        parser.error(f"unknown experiment {', '.join(unknown)}; choose from {', '.join(EXPERIMENTS)}")
+    if (args.seeds is not None and args.seeds < 1) or args.jobs < 1 or args.threads < 1:
+        parser.error("--seeds, --jobs and --threads must be at least 1")
+    seeds = list(range(args.seeds or (2 if args.quick else 3)))
+    failed = 0 if args.report else run_all(experiments, seeds, args.quick, args.jobs, args.threads, args.rerun)
+    report(experiments, seeds, args.quick)
+    if failed:
+        sys.exit(f"{failed} runs failed; their log.txt says why")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""benchmarks/compare.py: the arithmetic behind the study's tables, on hand-made metrics."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import compare  # noqa: E402
+
+
+def rows(accuracies, rounds=1, step_time=0.5):
+    """metrics.jsonl rows: step 0 is the base's evaluation; steps 1..n with an evaluation every 2 steps."""
+    out = [{"step": 0, "eval_accuracy": accuracies[0]}]
+    for step in range(1, 2 * (len(accuracies) - 1) + 1):
+        row = {"step": step, "step_time_s": step_time, "accuracy": 0.5, "truncated_frac": 0.1 / step,
+               "response_len_mean": 4.0, "entropy": 0.2, "clip_frac": 0.01 * step, "routing_drift": 0.02,
+               "token_ratio_var": 0.001 * step, "grad_norm": 1.0, "peak_memory_mb": 300 + step}
+        if rounds > 1:
+            row |= {"generation_rounds": rounds, "sampled_accuracy": 0.25, "sampled_truncated_frac": 0.0}
+        if step % 2 == 0:
+            row["eval_accuracy"] = accuracies[step // 2]
+        out.append(row)
+    return out
+
+
+def test_time_to_target_counts_training_seconds_up_to_the_first_crossing():
+    s = compare.summarise(rows([0.4, 0.5, 0.7, 0.6]), target=0.55)   # evaluations at steps 0, 2, 4, 6
+    assert s["base"] == 0.4 and s["final"] == 0.6
+    assert s["steps_to_target"] == 4 and s["seconds_to_target"] == pytest.approx(2.0)   # 4 steps x 0.5 s
+    assert compare.summarise(rows([0.4, 0.5]), target=0.9)["steps_to_target"] is None
+
+
+def test_per_run_scalars():
+    s = compare.summarise(rows([0.4, 0.5, 0.7, 0.6]))                 # 6 steps
+    assert s["clip_frac"] == pytest.approx(0.035)                    # mean of 0.01 .. 0.06 over every step
+    assert s["ratio_var_max"] == pytest.approx(0.006)
+    assert s["peak_memory_mb"] == 306 and s["seconds_per_step"] == pytest.approx(0.5)
+    assert s["truncated_end"] == pytest.approx(0.1 / 6)               # the last 10% of 6 steps: step 6
+    assert s["steps_to_truncation_2pct"] == 6                         # 0.1/5 = 0.02 is not below 2%; 0.1/6 is
+    assert s["completions_per_step"] == 128 and s["at_equal_completions"] == s["final"]
+
+
+def test_dynamic_sampling_run_is_also_read_at_equal_generated_completions():
+    # Two generation rounds a step: 6 steps generate as much as 12 one-round steps; at the one-round
+    # budget of 6 x 128 completions the run had done 3 steps, and the last evaluation by then was step 2.
+    s = compare.summarise(rows([0.4, 0.5, 0.7, 0.6], rounds=2))
+    assert s["completions_per_step"] == 256
+    assert s["at_equal_completions"] == 0.5 and s["final"] == 0.6
+    assert s["sampled_accuracy_end"] == 0.25                           # DAPO's own rate, not the kept batch's
+
+
+def test_mean_and_std_over_seeds():
+    assert compare.mean_std([0.1, 0.3]) == "0.200 ± 0.141"            # sample std: sqrt(0.02 / 1)
+    assert compare.mean_std([4, None, 6], "{:.0f}") == "5 ± 1 (2/3 seeds)"
+    assert compare.mean_std([None, None]) == "never"
+    assert compare.mean_std([0.5]) == "0.500"
+
+
+def test_half_gap_target_is_base_plus_half_the_gap_to_the_best_mean_final():
+    runs = {"a": [rows([0.4, 0.6]), rows([0.4, 0.8])], "b": [rows([0.4, 0.5]), rows([0.4, 0.5])]}
+    lines, base, target = compare.table("stress", runs)
+    assert base == pytest.approx(0.4) and target == pytest.approx(0.4 + (0.7 - 0.4) / 2)
+    assert len(lines) == 4 and lines[2].startswith("| a | 2 | 0.700 ± 0.141 |")
+
+
+def test_unknown_experiment_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--only", "main,chess", "--report"])
+    assert e.value.code == 2 and "unknown experiment chess" in capsys.readouterr().err
