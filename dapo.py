@@ -213,15 +213,18 @@ def train(args):
             (rollout, rewards, task_rewards), sampling = sample_groups(policy, world, args), {}
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
-                                                             args.minibatches)
+        on_policy = args.minibatches == 1      # one optimizer step: the old policy is the current one
+        old_logp, entropy, old_routing = (None, None, None) if on_policy else common.old_logprobs(
+            policy, world, rollout, args.temperature, args.minibatches)
         t2 = time.perf_counter()
 
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            if on_policy:                      # the old log-probs are these, detached: ratio exactly 1, no drift
+                old_logp, entropy, recorded = logp.detach(), new_entropy, routing
             mask = rollout.mask[idx]
             if args.overlong_filtering:                                         # truncated: out of the loss
                 mask = mask * rollout.finished[idx, None]

@@ -157,15 +157,18 @@ def train(args):
         rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
-                                                             args.minibatches)
+        on_policy = args.minibatches == 1      # one optimizer step: the old policy is the current one
+        old_logp, entropy, old_routing = (None, None, None) if on_policy else common.old_logprobs(
+            policy, world, rollout, args.temperature, args.minibatches)
         t2 = time.perf_counter()
 
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            if on_policy:                      # the old log-probs are these, detached: ratio exactly 1, no drift
+                old_logp, entropy, recorded = logp.detach(), new_entropy, routing
             if args.token_level:                                                # A_it = A_i for every token
                 loss, metrics = policy_loss_token(logp, old_logp[idx], advantages[idx, None].expand_as(logp),
                                                   rollout.mask[idx], args.clip_eps_low, args.clip_eps_high)

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import common
+import dapo
 import grpo
+import gspo
 from moe_model import MoEConfig, MoETransformer
 
 
@@ -184,11 +186,15 @@ def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
     assert all(0 <= r["reward_mean"] <= 1 and r["entropy"] > 0 for r in rows[1:])
 
 
-def test_a_single_minibatch_is_exactly_on_policy(tmp_path):
-    # Old log-probs come from the same weights and the same chunking: the ratio is exactly 1.
-    grpo.main(TINY[:6] + ["--minibatches", "1", "--eval-size", "16", "--out", str(tmp_path)])
+@pytest.mark.parametrize("script", [grpo, gspo, dapo])
+def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script, tmp_path, monkeypatch):
+    # One optimizer step per rollout batch: the update's own forward pass gives the old log-probs
+    # (detached), so there is no separate pass, and the ratio is exactly 1.
+    monkeypatch.setattr(common, "old_logprobs", lambda *a: pytest.fail("a separate old log-prob pass"))
+    script.main(TINY[:6] + ["--minibatches", "1", "--eval-size", "16", "--out", str(tmp_path)])
     for r in read_metrics(tmp_path)[1:]:
         assert r["clip_frac"] == 0.0 and r["approx_kl"] == 0.0 and r["routing_drift"] == 0.0
+        assert r["entropy"] > 0 and r["token_ratio_var"] == 0.0
 
 
 def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monkeypatch):
