@@ -127,13 +127,16 @@ def ours_step_times(model, data, steps, device):
             {p: statistics.mean(r[f"time_{p}_s"] for r in rows) for p in ("generate", "old_logp", "update")})
 
 
-def trl_trainer(model, data, steps, device):
+def trl_step_times(model, data, steps, device, checkpointing=True, profile=None):
+    """Run TRL's GRPOTrainer for `steps` steps; returns the time of each step after the warm-up (from
+    the callback before a step to the one after its optimizer step) and the mean completion length."""
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     class StepTimer(TrainerCallback):
-        times = []
+        def __init__(self):
+            self.times = []
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
@@ -148,27 +151,22 @@ def trl_trainer(model, data, steps, device):
                         max_completion_length=16, num_iterations=1, steps_per_generation=1, beta=0.0,
                         learning_rate=1e-4, temperature=1.0, loss_type="grpo", max_steps=steps, seed=0,
                         use_cpu=device == "cpu", bf16=False, report_to="none", save_strategy="no",
-                        logging_steps=10**6, disable_tqdm=True)
+                        logging_steps=10**6, disable_tqdm=True, gradient_checkpointing=checkpointing)
+    timer = StepTimer()
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=reward, args=config,
                           train_dataset=load_dataset("json", data_files=str(data), split="train"),
-                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[StepTimer()])
-    return trainer, StepTimer.times
-
-
-def trl_step_times(model, data, steps, device, profile=None):
-    trainer, times = trl_trainer(model, data, steps, device)
-    times.clear()
+                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[timer])
     if profile:
         cProfile.runctx("trainer.train()", globals(), {"trainer": trainer}, profile)
     else:
         trainer.train()
     lengths = [m["completions/mean_length"] for m in trainer.state.log_history if "completions/mean_length" in m]
-    return times[WARMUP:], statistics.mean(lengths) if lengths else float("nan")
+    return timer.times[WARMUP:], statistics.mean(lengths) if lengths else float("nan")
 
 
 def profile_share(path, names):
     """Share of the profiled time spent under each function name (cumulative time)."""
-    stats = pstats.Stats(path)
+    stats = pstats.Stats(str(path))
     total = max(ct for (_, _, _, ct, _) in stats.stats.values())
     found = {name: 0.0 for name in names}
     for (_, _, fn), (_, _, _, ct, _) in stats.stats.items():
@@ -185,31 +183,40 @@ def trl_table(device, steps, rounds, tmp):
         return ["grpo.py vs TRL: skipped, trl is not installed (`pip install -r benchmarks/requirements.txt`)."]
     model, data = build_hf_moe(Path(tmp) / "qwen3-moe-tiny")
     n_params = sum(t.numel() for t in common.load_hf(str(model), torch.device("cpu"))[0].parameters())
-    ours, theirs, our_len, their_len = [], [], [], []
-    for _ in range(rounds):                          # alternate, so both see the same machine load
-        times, length, phases = ours_step_times(model, data, steps, device)
-        ours.append(statistics.median(times))
-        our_len.append(length)
-        times, length = trl_step_times(model, data, steps, device)
-        theirs.append(statistics.median(times))
-        their_len.append(length)
-        print(f"  round: grpo.py {ours[-1]:.4f} s/step, TRL {theirs[-1]:.4f} s/step", flush=True)
+    # TRL's defaults turn gradient checkpointing on (a second forward in the backward): timed both ways.
+    runs = {"grpo.py": lambda: ours_step_times(model, data, steps, device),
+            "TRL GRPOTrainer (defaults)": lambda: trl_step_times(model, data, steps, device, True),
+            "TRL, gradient_checkpointing=False": lambda: trl_step_times(model, data, steps, device, False)}
+    times, lengths = {name: [] for name in runs}, {name: [] for name in runs}
+    for _ in range(rounds):                          # alternate, so all see the same machine load
+        for name, run in runs.items():
+            step_times, length, *rest = run()
+            times[name].append(statistics.median(step_times))
+            lengths[name].append(length)
+            if rest:                                 # grpo.py's own split of its step
+                phases = rest[0]
+        print("  round: " + ", ".join(f"{name} {t[-1]:.4f} s/step" for name, t in times.items()), flush=True)
     profile = Path(tmp) / "trl.prof"
     trl_step_times(model, data, steps, device, profile=str(profile))
     share = profile_share(profile, ["generate", "_get_per_token_logps_and_entropies", "backward", "step"])
-    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
-    return [f"Tiny Qwen3-MoE ({n_params / 1e3:.0f}k parameters: hidden 64, 2 layers, 8 experts top-2), "
-            f"8 prompts × 8 completions, ≤ 16 new tokens, 1 optimizer step per rollout batch, beta 0, "
-            f"{steps} steps per run ({WARMUP} warm-up steps left out), median of {rounds} alternating rounds, "
-            f"TRL {trl.__version__}, device {device}.", "",
-            "| | s/step | steps/s | mean completion length | where the time goes |", "| --- | --- | --- | --- | --- |",
-            f"| grpo.py | {ours_s:.4f} | {1 / ours_s:.1f} | {statistics.mean(our_len):.1f} | generation "
-            f"{phases['generate'] / sum(phases.values()):.0%}, old log-probs {phases['old_logp'] / sum(phases.values()):.0%}, "
-            f"update {phases['update'] / sum(phases.values()):.0%} |",
-            f"| TRL GRPOTrainer | {theirs_s:.4f} | {1 / theirs_s:.1f} | {statistics.mean(their_len):.1f} | `generate` "
-            f"{share['generate']:.0%}, log-prob passes {share['_get_per_token_logps_and_entropies']:.0%}, "
-            f"backward {share['backward']:.0%}, optimizer {share['step']:.0%} (of the profiled train()) |",
-            "", f"**grpo.py does {theirs_s / ours_s:.2f}× TRL's steps per second.**"]
+    ours = f"generation {phases['generate']:.3f} s, old log-probs {phases['old_logp']:.3f} s, update {phases['update']:.3f} s"
+    theirs = (f"`generate` {share['generate']:.0%}, loss forward {share['_get_per_token_logps_and_entropies']:.0%}, "
+              f"backward {share['backward']:.0%}, optimizer {share['step']:.0%} (of a profiled `train()`)")
+    lines = [f"Tiny Qwen3-MoE ({n_params / 1e3:.0f}k parameters: hidden 64, 2 layers, 8 experts top-2), 8 prompts × "
+             f"8 completions, ≤ 16 new tokens, 1 optimizer step per rollout batch, beta 0, {steps} steps per run "
+             f"({WARMUP} warm-up steps left out), median of {rounds} alternating rounds; TRL {trl.__version__}, "
+             f"device {device}.", "",
+             "| | s/step (median) | steps/s | mean completion length | where the time goes | each round |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name in runs:
+        median = statistics.median(times[name])
+        where = ours if name == "grpo.py" else theirs if name.endswith("(defaults)") else ""
+        rounds_text = ", ".join(f"{t:.4f}" for t in times[name])
+        lines.append(f"| {name} | {median:.4f} | {1 / median:.1f} | {statistics.mean(lengths[name]):.1f} | {where} | "
+                     f"{rounds_text} |")
+    ours_s = statistics.median(times["grpo.py"])
+    theirs_s = min(statistics.median(t) for name, t in times.items() if name != "grpo.py")
+    return lines + ["", f"**grpo.py does {theirs_s / ours_s:.2f}× the steps per second of TRL's faster setting.**"]
 
 
 def main(argv=None):
