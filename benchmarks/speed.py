@@ -3,11 +3,13 @@
     python benchmarks/speed.py              # about 10 min on 2 CPU cores; writes benchmarks/results/speed.md
     python benchmarks/speed.py --device cuda --out benchmarks/results/speed-cuda.md
 
-1. Each script (a subprocess, as users run it) for --steps at two toy sizes: the default (width 64,
-   2 layers, `add`, 8 new tokens) and a larger toy (width 256, 4 layers, `progression` with 64 new
-   tokens). From its metrics.jsonl: seconds per step split into generation / old log-probs /
-   reference / critic / update, and peak memory. The first steps (warm-up) are left out.
-2. Generation alone, with and without the KV cache: tokens per second at both sizes.
+1. Each script (a subprocess, as users run it) for --steps at two toy sizes on `add`: the default
+   (width 64, 2 layers) and a larger toy (width 256, 4 layers; its warm start, cached, takes a few
+   minutes the first time). From its metrics.jsonl: seconds per step split into generation / old
+   log-probs / reference / critic / update, and peak memory. The first steps (warm-up) are left out.
+2. Generation alone, 16 prompts x 8 completions, with and without the KV cache: tokens per second for
+   the default toy with 8 new tokens and the larger toy with 64 (freshly initialised weights: speed does
+   not depend on them, and untrained models do not stop early).
 3. grpo.py against TRL's GRPOTrainer on the same tiny Hugging Face Qwen3-MoE (hidden 64, 2 layers,
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
@@ -31,9 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
 import grpo  # noqa: E402
+from moe_model import MoETransformer  # noqa: E402
 
-SIZES = {"toy default": ["--task", "add"],
-         "larger toy": ["--task", "progression", "--d-model", "256", "--n-layers", "4", "--max-new-tokens", "64"]}
+SIZES = {"toy default": ["--task", "add"], "larger toy": ["--task", "add", "--d-model", "256", "--n-layers", "4"]}
+GENERATION = {"toy default": SIZES["toy default"], "larger toy": SIZES["larger toy"] + ["--max-new-tokens", "64"]}
 SCRIPTS = {"grpo": ["grpo.py"], "grpo + replay": ["grpo.py", "--routing-replay"],
            "grpo, beta 0.04": ["grpo.py", "--beta", "0.04"], "gspo": ["gspo.py"], "dapo": ["dapo.py"],
            "ppo": ["ppo.py"]}
@@ -71,12 +74,14 @@ def phase_table(device, steps, tmp):
     return lines
 
 
-def generation_table(device, repeats=3):
+def generation_table(device, repeats=2):
     """Tokens per second of sampling 16 prompts x 8 completions, with and without the KV cache."""
     lines = ["| size | new tokens (max) | tokens/s with cache | tokens/s without | speed-up |", "|" + " --- |" * 5]
-    for size, size_flags in SIZES.items():
+    for size, size_flags in GENERATION.items():
         args = common.parse_args(grpo.Args, "", size_flags)
-        policy, world = common.make_policy(args, torch.device(device))
+        world = common.toy_world(args.task, args.eval_size, args.max_new_tokens)
+        torch.manual_seed(0)
+        policy = MoETransformer(common.toy_model_config(args, world)).to(device)
         prompts, _ = world.sample(16)
         speeds = {}
         for use_cache in (True, False):
