@@ -14,7 +14,8 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
   length  dapo with all four techniques, then each switched off, and all off, on `progression`
   stress  grpo, grpo + Routing Replay and gspo under off-policy pressure: 16 minibatches (4x the updates)
   depth   grpo on deeper toy models (2, 4, 8 layers): routing drift against depth
-Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun.
+Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
+run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
 import argparse
 import json
@@ -61,8 +62,8 @@ EXPERIMENTS = {
 # ---------------------------------------------------------------------------------------------------
 # Running
 
-def run_dir(experiment, label, seed):
-    return RUNS / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
+def run_dir(experiment, label, seed, quick):
+    return RUNS / ("quick" if quick else "") / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
 
 
 def finished(out, steps):
@@ -93,7 +94,7 @@ def run_all(experiments, seeds, quick, jobs, threads, rerun):
         extra += ["--eval-size", "100"] if quick else []
         for label, script, flags in runs:
             for seed in seeds:
-                out = run_dir(name, label, seed)
+                out = run_dir(name, label, seed, quick)
                 if rerun or not finished(out, steps):
                     todo.append((script, shared + flags + extra + ["--seed", str(seed)], out, threads))
     print(f"{len(todo)} runs to do, {jobs} at a time", flush=True)
@@ -208,11 +209,11 @@ COLUMNS = {
 }
 
 
-def collect(name, seeds):
+def collect(name, seeds, quick):
     """{label: [metrics rows of each finished seed]} for one experiment."""
     found = {}
     for label, _, _ in EXPERIMENTS[name][3]:
-        outs = [run_dir(name, label, seed) for seed in seeds]
+        outs = [run_dir(name, label, seed, quick) for seed in seeds]
         found[label] = [read_metrics(o) for o in outs if (o / "metrics.jsonl").exists()]
     return found
 
@@ -283,26 +284,27 @@ def figure(name, runs, path):
 
 
 def report(experiments, seeds, quick):
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "-quick" if quick else ""
+    results = RUNS / "quick" if quick else RESULTS     # a smoke run never overwrites the results
+    results.mkdir(parents=True, exist_ok=True)
     lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
              f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}`. Mean ± std over seeds "
              f"{', '.join(map(str, seeds))}; each run on one CPU thread, two runs at a time.", ""]
     for name in experiments:
-        runs = collect(name, seeds)
+        runs = collect(name, seeds, quick)
         if not any(runs.values()):
             continue
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
         lines += [f"## {name}: `{' '.join(shared)}`, {quick_steps if quick else full_steps} steps", ""]
         if name != "depth":  # the deeper models have bases of their own
-            lines += [f"Base greedy accuracy {base:.3f}; half-gap target {target:.3f}.", ""]
+            lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base else
+                                                              "no run ended above the base."), ""]
         lines += rows + [""]
         if name != "depth":
-            figure(name, runs, RESULTS / f"{name}{suffix}.png")
-            lines += [f"![{name}]({name}{suffix}.png)", ""]
-    (RESULTS / f"study{suffix}.md").write_text("\n".join(lines))
-    print(f"wrote {RESULTS / f'study{suffix}.md'}")
+            figure(name, runs, results / f"{name}.png")
+            lines += [f"![{name}]({name}.png)", ""]
+    (results / "study.md").write_text("\n".join(lines))
+    print(f"wrote {results / 'study.md'}")
 
 
 def main(argv=None):
