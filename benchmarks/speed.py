@@ -61,7 +61,8 @@ def step_rows(rows):
 
 
 def phase_table(device, steps, tmp):
-    lines = ["| size | script | s/step | " + " | ".join(PHASES) + " | peak MB |", "|" + " --- |" * (len(PHASES) + 4)]
+    lines = ["| size | script | s/step | " + " | ".join(PHASES) + " | peak MB | completion length |",
+             "|" + " --- |" * (len(PHASES) + 5)]
     for size, size_flags in SIZES.items():
         for name, (script, *flags) in SCRIPTS.items():
             rows = step_rows(run_script(script, size_flags + flags + ["--steps", str(steps), "--device", device],
@@ -69,7 +70,7 @@ def phase_table(device, steps, tmp):
             mean = lambda key: statistics.mean(r.get(key, 0.0) for r in rows)
             cells = [f"{mean(f'time_{p}_s'):.3f}" if f"time_{p}_s" in rows[0] else "—" for p in PHASES]
             lines.append(f"| {size} | {name} | {mean('step_time_s'):.3f} | " + " | ".join(cells) +
-                         f" | {max(r['peak_memory_mb'] for r in rows):.0f} |")
+                         f" | {max(r['peak_memory_mb'] for r in rows):.0f} | {mean('response_len_mean'):.1f} |")
             print(lines[-1], flush=True)
     return lines
 
