@@ -498,7 +498,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
         if use_cache:
             logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True, keep=1)
         else:
-            logits = forward(model, torch.cat([tokens, *[t[:, None] for t in new]], 1), attention_mask, keep=1)[0]
+            logits = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask, keep=1)[0]
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = completion == world.eos_id
     finished = is_eos.any(1)

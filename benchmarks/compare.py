@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
+PER_STEP = 128  # completions a step generates in every run of the study at the scripts' defaults (16 x 8, ppo 128 x 1)
 ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
 
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
@@ -67,10 +68,8 @@ def run_dir(experiment, label, seed, quick):
 
 
 def finished(out, steps):
-    path = out / "metrics.jsonl"
-    if not path.exists() or not path.read_text().strip():
-        return False
-    return json.loads(path.read_text().splitlines()[-1])["step"] == steps
+    rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
+    return bool(rows) and rows[-1]["step"] == steps
 
 
 def launch(job):
@@ -115,8 +114,8 @@ def sampled_accuracy(row):
     return row.get("sampled_accuracy", row["accuracy"])
 
 
-def completions(row, per_step=128):
-    return row.get("generation_rounds", 1) * per_step
+def completions(row):
+    return row.get("generation_rounds", 1) * PER_STEP
 
 
 def steps_to(evals, target):
@@ -140,7 +139,7 @@ def summarise(rows, target=None):
         clock += r["step_time_s"]
         wall[r["step"]] = clock
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
-    budget = len(steps) * 128                                       # completions a one-round run generates
+    budget = len(steps) * PER_STEP                                  # completions a one-round run generates
     generated, at_budget = 0, evals[0][1]
     for r in steps:
         generated += completions(r)
