@@ -4,6 +4,7 @@ sampling with a KV cache, per-token log-probs, evaluation, logging and the comma
 The algorithm scripts (grpo.py, ...) import this file; it imports moe_model.py; nothing imports back.
 """
 import argparse
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from moe_model import MoEConfig, MoETransformer
@@ -338,13 +340,46 @@ def make_policy(args, device):
         model, path = warm_start(world, cfg, TASKS[args.task])
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
               f"warm-started base: {path}")
-        return model.to(device), world
+        return training_mode(model.to(device), args.gradient_checkpointing), world
     check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
     rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
     model, tokenizer = load_hf(args.model, device)
     max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
     world = hf_world(tokenizer, rows, args.data, args.eval_size, args.max_new_tokens, max_context)
+    model = training_mode(model, args.gradient_checkpointing)
+    check_scoring(model, args.model)
     return model, world
+
+
+def training_mode(model, gradient_checkpointing):
+    """The update runs in training mode, the mode in which activation checkpointing acts, with every
+    dropout probability (and Mixtral's router jitter) set to 0: with dropout the ratio of unchanged
+    weights would not be 1. Sampling switches to eval mode on its own (sampling_mode)."""
+    for module in [*model.modules(), *([model.config] if hasattr(model, "config") else [])]:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, float) and ("dropout" in name or name == "jitter_noise" or name == "p"
+                                             and isinstance(module, torch.nn.Dropout)):
+                setattr(module, name, 0.0)
+    if gradient_checkpointing and isinstance(model, MoETransformer):
+        model.gradient_checkpointing = True
+    elif gradient_checkpointing:
+        model.activation_checkpointing_enable()  # transformers 5.24's name (gradient_checkpointing_enable: deprecated)
+    return model.train()
+
+
+@torch.no_grad()
+def check_scoring(model, name):
+    """One short forward, two ways: the log-prob path (trunk and head apart, training mode) must give the
+    model's own logits in eval mode. It would not for a head transform this code does not know, or for
+    dropout or noise that training_mode could not turn off; better to stop than to train on wrong ratios."""
+    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
+    model.eval()
+    expected = model(input_ids=tokens).logits.float()
+    model.train()
+    got = head_logits(model, trunk(model, tokens, torch.ones_like(tokens))[0])
+    check(torch.allclose(got, expected, rtol=1e-4, atol=1e-4),
+          f"--model {name}: its logits cannot be reproduced from its hidden states and output embeddings "
+          f"(largest difference {(got - expected).abs().max().item():.2g}); this model is not supported")
 
 
 def frozen_copy(model):
@@ -359,7 +394,7 @@ def make_critic(policy):
     if not isinstance(critic, MoETransformer):
         critic.config.tie_word_embeddings = False   # else a later tie_weights() would put the vocabulary head back
     head = critic.head if isinstance(critic, MoETransformer) else critic.get_output_embeddings()
-    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device)
+    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)  # the trunk's dtype
     torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
     if isinstance(critic, MoETransformer):
         critic.head = value_head
@@ -371,7 +406,9 @@ def make_critic(policy):
 def values(critic, rollout):
     """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
     T = rollout.mask.shape[1]
-    out, _, _, _ = forward(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], keep=T)
+    with autocast(rollout.tokens.device):
+        hidden = trunk(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1])[0][:, -T:]
+        out = output_head(critic)(hidden).float()
     assert out.shape[-1] == 1, "the critic's head must be scalar"
     return out[..., 0] * rollout.mask
 
@@ -397,32 +434,62 @@ def is_moe(model):
 # Forward pass, sampling with a KV cache, per-token log-probs
 # ----------------------------------------------------------------------------------------------
 
-def forward(model, tokens, attention_mask, cache=None, routing=None, use_cache=False, keep=0):
-    """One forward pass of the toy MoE or a Hugging Face model, same outputs for both.
-    tokens [B, S] are the new tokens; attention_mask [B, all tokens so far] (left padding).
-    Returns logits [B, keep or S, V] in fp32 (only the last `keep` positions, to save memory on a
-    large vocabulary), the router's top-k choice [n_layers, B, S, k] (None for dense models), the
-    load-balancing loss (or None) and the KV cache to pass to the next call."""
+def forward(model, tokens, attention_mask, cache=None):
+    """One forward pass for sampling, the toy MoE or a Hugging Face model alike: tokens [B, S] are the
+    new tokens, attention_mask [B, all tokens so far] (left padding). Returns the fp32 logits of the
+    last position [B, V] and the KV cache to pass to the next call."""
     if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
-        if use_cache and cache is None:
-            cache = [None] * model.cfg.n_layers
-        with autocast(tokens.device):
-            logits, chosen, aux_loss = model(tokens, cache=cache, routing=routing)
-        logits = logits if keep == 0 else logits[:, -keep:]          # keep=0: every position, as in HF
-        return logits.float(), (chosen if model.cfg.n_experts > 1 else None), aux_loss, cache
-    check(routing is None, "Routing Replay is implemented for the toy MoE model only")
+        cache = [None] * model.cfg.n_layers if cache is None else cache
+        return model(tokens, cache=cache)[0][:, -1].float(), cache
     # Left padding: positions count only real tokens, so every prompt starts at position 0.
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
-    # Routing is read when scoring; while sampling, the router's loss would trip over the cache.
-    extra = {"output_router_logits": True} if is_moe(model) and not use_cache else {}
-    with autocast(tokens.device):
-        out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                    use_cache=use_cache, logits_to_keep=keep, **extra)
-    chosen = None
+    out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float(), out.cache
+
+
+def trunk(model, tokens, attention_mask, routing=None):
+    """The forward pass for scoring, without the vocabulary head: the final hidden states [B, S, D],
+    the router's top-k choice [n_layers, B, S, k] (None for dense models) and the load-balancing loss
+    (or None). `routing` (same shape) replays recorded experts: Routing Replay (toy MoE only)."""
+    if isinstance(model, MoETransformer):
+        hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
+        return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
+    check(routing is None, "Routing Replay is implemented for the toy MoE model only")
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    extra = {"output_router_logits": True} if is_moe(model) else {}
+    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                           **extra)
+    chosen, aux_loss = None, None
     if getattr(out, "router_logits", None) is not None:  # per layer [B*S, E] -> router's top-k [L, B, S, k]
         k = model.config.num_experts_per_tok
         chosen = torch.stack([r.view(*tokens.shape, -1).topk(k, dim=-1).indices for r in out.router_logits])
-    return out.logits.float(), chosen, getattr(out, "aux_loss", None), out.cache
+        aux_loss = load_balancing_loss(torch.stack(out.router_logits), chosen.flatten(1, 2))
+    return out.last_hidden_state, chosen, aux_loss
+
+
+def load_balancing_loss(router_logits, chosen):
+    """Switch Transformer's auxiliary loss, averaged over layers: E * sum_e (share of the k slots sent to
+    expert e) * (mean router probability of e). router_logits [L, n, E], chosen [L, n, k]."""
+    E = router_logits.shape[-1]
+    share = F.one_hot(chosen, E).float().mean((1, 2))                   # [L, E]
+    return (E * share * router_logits.float().softmax(-1).mean(1)).sum(-1).mean()
+
+
+def output_head(model):
+    return model.head if isinstance(model, MoETransformer) else model.get_output_embeddings()
+
+
+def head_logits(model, hidden):
+    """The vocabulary head on final hidden states, as the model's own forward applies it, in fp32:
+    Granite divides the logits by a constant and Gemma soft-caps them; load_hf checks the result."""
+    logits = output_head(model)(hidden)
+    config = getattr(model, "config", None)
+    if getattr(config, "logits_scaling", None):
+        logits = logits / config.logits_scaling
+    if getattr(config, "final_logit_softcapping", None):
+        logits = torch.tanh(logits / config.final_logit_softcapping) * config.final_logit_softcapping
+    return logits.float()
 
 
 @dataclass
@@ -472,6 +539,21 @@ def mask_logits(logits, world):
     return logits
 
 
+@contextlib.contextmanager
+def sampling_mode(model):
+    """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
+    transformers it would turn the KV cache off) and, on CUDA, one bf16 autocast context: autocast keeps
+    its bf16 copies of the weights only while its context is open, so one context per token would cast
+    every weight again for every token."""
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast(next(model.parameters()).device):
+            yield
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def generate(model, world, prompts, group_size, temperature, greedy=False, use_cache=True):
     """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
@@ -482,23 +564,24 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     tokens, attention_mask = tokens.to(device), attention_mask.to(device)
     N, P = tokens.shape
     new, alive = [], torch.ones(N, dtype=torch.bool, device=device)
-    logits, _, _, cache = forward(model, tokens, attention_mask, use_cache=True, keep=1)
-    for t in range(world.max_new_tokens):
-        next_logits = mask_logits(logits[:, -1] / temperature, world)
-        if greedy:
-            token = next_logits.argmax(-1)
-        else:
-            token = torch.multinomial(F.softmax(next_logits, dim=-1), 1).squeeze(1)
-        token = torch.where(alive, token, world.pad_id)
-        new.append(token)
-        alive = alive & (token != world.eos_id)
-        if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
-            break
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-        if use_cache:
-            logits, _, _, cache = forward(model, token[:, None], attention_mask, cache, use_cache=True, keep=1)
-        else:
-            logits = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask, keep=1)[0]
+    with sampling_mode(model):
+        logits, cache = forward(model, tokens, attention_mask)
+        for t in range(world.max_new_tokens):
+            next_logits = mask_logits(logits / temperature, world)
+            if greedy:
+                token = next_logits.argmax(-1)
+            else:
+                token = torch.multinomial(F.softmax(next_logits, dim=-1), 1).squeeze(1)
+            token = torch.where(alive, token, world.pad_id)
+            new.append(token)
+            alive = alive & (token != world.eos_id)
+            if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
+                break
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
+            if use_cache:
+                logits, cache = forward(model, token[:, None], attention_mask, cache)
+            else:
+                logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = completion == world.eos_id
     finished = is_eos.any(1)
@@ -524,22 +607,41 @@ def rewards_of(world, rollout, answers, group_size):
     return torch.tensor(rewards, device=rollout.mask.device)
 
 
+# Logits of this many (token, vocabulary) entries at a time: 64 MB in fp32. With Qwen3's 151,936-token
+# vocabulary that is 110 tokens a chunk; the toy's whole batch is one chunk.
+LOGITS_CHUNK = 2**24
+
+
 def logprobs(model, world, rollout, temperature, routing=None):
     """Per-token log-probs of the sampled completion tokens under `model`, from logits / temperature
-    (the sampling distribution), in one forward pass. Returns logp [N, T], the entropy of the
-    sampling distribution at each position [N, T] (no gradient), the router's choice at every input
-    position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing loss.
-    `routing` (same shape) replays recorded experts: Routing Replay."""
-    T = rollout.mask.shape[1]
-    logits, chosen, aux_loss, _ = forward(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1],
-                                          routing=routing, keep=T)
-    logits = mask_logits(logits / temperature, world)                   # position P+t-1 predicts token t
-    all_logp = F.log_softmax(logits, dim=-1)                            # [N, T, V]
-    logp = all_logp.gather(-1, rollout.completions[..., None]).squeeze(-1)
-    logp = logp.masked_fill(rollout.mask == 0, 0.0)                     # padding: 0, not log 0
+    (the sampling distribution), in one forward pass. Returns logp [N, T] (0 on padding), the entropy of
+    the sampling distribution at each completion token [N, T] (no gradient; 0 on padding), the router's
+    choice at every input position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing
+    loss. `routing` (same shape) replays recorded experts: Routing Replay.
+
+    The full logits [N, T, V] are never held: with a real vocabulary they would be the largest tensor of
+    the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
+    of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
+    T, valid = rollout.mask.shape[1], rollout.mask.bool()
+    with autocast(rollout.tokens.device):
+        hidden, chosen, aux_loss = trunk(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], routing)
+        hidden, targets = hidden[:, -T:][valid], rollout.completions[valid]     # position P+t-1 predicts token t
+        chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
+        parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
+                 if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
+                 for h, y in zip(hidden.split(chunk), targets.split(chunk))]
+    zeros = torch.zeros(rollout.mask.shape, device=hidden.device)
+    logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
+    entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
+    return logp, entropy, chosen, aux_loss
+
+
+def token_logprobs(model, world, hidden, targets, temperature):
+    """hidden [n, D] -> log-prob of each target token [n] and the entropy of the distribution [n]."""
+    all_logp = F.log_softmax(mask_logits(head_logits(model, hidden) / temperature, world), dim=-1)    # [n, V]
     with torch.no_grad():
         entropy = -(all_logp.exp() * all_logp).sum(-1)
-    return logp, entropy, chosen, aux_loss
+    return all_logp.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
 @torch.no_grad()
@@ -655,7 +757,7 @@ class RunStopped(Exception):
 
 
 # Settings a resumed run may change; any other difference from the checkpoint's is refused.
-RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every"}
+RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every", "gradient_checkpointing"}
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 

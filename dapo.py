@@ -82,6 +82,8 @@ class Args:
     lr: float = arg(1e-4, "AdamW learning rate")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
+                                             "less memory, slower updates")
     # DAPO
     clip_eps_low: float = arg(0.2, "clip range of the token ratio below 1")
     clip_eps_high: float = arg(0.28, "clip range above 1 (ignored with --no-clip-higher: then = --clip-eps-low)")

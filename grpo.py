@@ -73,6 +73,8 @@ class Args:
     lr: float = arg(1e-4, "AdamW learning rate")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
+                                             "less memory, slower updates")
     # GRPO
     clip_eps: float = arg(0.2, "clip range of the token ratio")
     beta: float = arg(0.0, "KL coefficient to the frozen reference policy (paper: 0.04)")

@@ -83,6 +83,8 @@ class Args:
     lr: float = arg(1e-4, "AdamW learning rate")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
+                                             "less memory, slower updates")
     # GSPO
     clip_eps_low: float = arg(3e-4, "clip range of the sequence ratio, below 1 (paper: 3e-4)")
     clip_eps_high: float = arg(4e-4, "clip range of the sequence ratio, above 1 (paper: 4e-4)")

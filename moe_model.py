@@ -8,6 +8,7 @@ experts the router chose in every layer, and can be given recorded experts to us
     model = MoETransformer(MoEConfig(vocab_size=16))
     logits, routing, aux_loss = model(tokens)                 # routing: [n_layers, B, S, top_k]
     logits, _, _ = model(tokens, routing=routing)             # replay those experts
+    hidden, routing, aux_loss = model.trunk(tokens)           # the same without the vocabulary head
 
 n_experts=1 gives the dense equivalent (one SwiGLU feed-forward per layer).
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -130,6 +132,7 @@ class MoETransformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        self.gradient_checkpointing = False  # True: in training mode, blocks are recomputed in the backward
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model)
@@ -146,6 +149,11 @@ class MoETransformer(nn.Module):
         filled in place and new tokens are placed after what it holds. routing [n_layers, B, S, k]:
         experts to replay. Returns logits [B, S, V], the router's choice [n_layers, B, S, k] and the
         mean load-balancing loss over layers."""
+        hidden, chosen, aux_loss = self.trunk(tokens, cache, routing)
+        return self.head(hidden), chosen, aux_loss
+
+    def trunk(self, tokens, cache=None, routing=None):
+        """Everything but the vocabulary head: the final normalised hidden states [B, S, d_model]."""
         B, S = tokens.shape
         start = 0 if cache is None or cache[0] is None else cache[0][0].shape[2]
         if start > 0 and S > 1:  # SDPA's causal mask would be aligned to the wrong corner
@@ -156,9 +164,13 @@ class MoETransformer(nn.Module):
         cos, sin = angles.cos().to(self.embed.weight.dtype), angles.sin().to(self.embed.weight.dtype)
         x = self.embed(tokens)
         chosen, aux = [], []
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
             replay = None if routing is None else routing[i].reshape(B * S, -1)
-            x, c, a = block(x, cos, sin, cache, i, replay)
+            if recompute:  # keep only the block's input; the backward runs the block again
+                x, c, a = checkpoint(block, x, cos, sin, cache, i, replay, use_reentrant=False)
+            else:
+                x, c, a = block(x, cos, sin, cache, i, replay)
             chosen.append(c)
             aux.append(a)
-        return self.head(self.norm(x)), torch.stack(chosen), torch.stack(aux).mean()
+        return self.norm(x), torch.stack(chosen), torch.stack(aux).mean()
