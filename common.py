@@ -81,6 +81,9 @@ def check_common_args(args, min_group_size=2):
     check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
                                      f"(--prompts-per-step x --group-size)")
     check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
+    check(args.n_experts > 0 and args.expert_hidden > 0, "--n-experts and --expert-hidden must be positive")
+    check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
+          f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
@@ -202,7 +205,8 @@ def toy_model_config(args, world):
     """64 positions, or more when --max-new-tokens asks for them (rotary positions: no table to learn)."""
     longest = max(p.numel() for p, _ in world.train) + world.max_new_tokens
     return MoEConfig(vocab_size=len(TOY_VOCAB), max_seq_len=max(64, longest), d_model=args.d_model,
-                     n_layers=args.n_layers, n_experts=args.n_experts)
+                     n_layers=args.n_layers, n_experts=args.n_experts, top_k=args.top_k,
+                     expert_hidden=args.expert_hidden)
 
 
 def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0):
@@ -311,7 +315,7 @@ def load_hf(name, device):
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    return watch_routers(model.to(device)), tokenizer
 
 
 def hf_world(tokenizer, rows, data, eval_size, max_new_tokens, max_context):
@@ -420,14 +424,112 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # Linux reports KiB
 
 
+# ----------------------------------------------------------------------------------------------
+# Routing on Hugging Face Mixture-of-Experts models: record the experts each router really chose, and
+# replay recorded ones (Routing Replay)
+# ----------------------------------------------------------------------------------------------
+# transformers has no shared router class, but every MoE family (Qwen2/3-MoE, Mixtral, OLMoE, GraniteMoE,
+# DeepSeek-V3, ...) has a router module, named in `_can_record_outputs["router_logits"]`, with `top_k` and
+# `num_experts` attributes and exactly one top-k over the experts with k = top_k in its forward. The gate
+# rules around that top-k differ (softmax then top-k, top-k then softmax, sigmoid + bias + group-limited
+# top-k), so instead of rewriting each router, that one call is intercepted while the router runs:
+# recording keeps its indices; replay returns the recorded indices with the current scores gathered at
+# them, and the family's own code turns those into gates, so the gates come from the current router and
+# the router keeps learning. Reading top-k of the router logits instead would be wrong for DeepSeek-V3.
+
+class RouterTopK(torch.overrides.TorchFunctionMode):
+    """Active while one router runs; catches its top-k over the experts."""
+
+    def __init__(self, router):
+        super().__init__()
+        self.router = router
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        k = args[1] if len(args) > 1 else kwargs.get("k")
+        if func not in (torch.topk, torch.Tensor.topk) or k != self.router.top_k \
+                or args[0].shape[-1] != self.router.num_experts:
+            return result
+        self.router.chosen = result.indices                 # what the router chooses now [tokens, k]
+        if self.router.replay is None:
+            return result
+        experts = self.router.replay.to(result.indices.device)
+        return torch.return_types.topk((args[0].gather(-1, experts), experts))
+
+
+def enter_router(router, args):
+    router.topk_mode.__enter__()
+
+
+def leave_router(router, args, output):
+    router.topk_mode.__exit__(None, None, None)
+    if isinstance(output, tuple) and router.chosen is not None:  # (router logits, gates, experts): logged only
+        with torch.no_grad():
+            router.aux_loss = load_balancing_loss(output[0][None], router.chosen[None])
+
+
+def routers(model):
+    """The router modules of a Hugging Face MoE model, in layer order ([] for a dense one)."""
+    target = getattr(model, "_can_record_outputs", None) or {}
+    target = target.get("router_logits")
+    cls = getattr(target, "target_class", target)
+    return [m for m in model.modules() if isinstance(cls, type) and isinstance(m, cls)
+            and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+def watch_routers(model):
+    """Install the interception on every router (hooks, so copies of the model keep working)."""
+    for router in routers(model):
+        router.topk_mode, router.replay, router.chosen, router.aux_loss = RouterTopK(router), None, None, None
+        router.register_forward_pre_hook(enter_router)
+        router.register_forward_hook(leave_router, always_call=True)
+    return model
+
+
+def set_replay(model, routing):
+    """Experts for the next forward passes to use, [n_layers, B, S, k], or None for free routing. They
+    stay set until the next call: activation checkpointing runs the forward again in the backward."""
+    for i, router in enumerate(routers(model)):
+        router.replay = None if routing is None else routing[i].reshape(-1, routing.shape[-1])
+        router.chosen = None
+
+
+def recorded_routing(model, shape):
+    """The experts the routers chose in the last forward pass [n_layers, B, S, k] and the mean
+    load-balancing loss, or (None, None) for a dense model or routers whose top-k was not seen."""
+    found = routers(model)
+    if not found or any(r.chosen is None for r in found):
+        return None, None
+    return (torch.stack([r.chosen.view(*shape, -1) for r in found]),
+            torch.stack([r.aux_loss for r in found]).mean())
+
+
 def is_toy_moe(model):
     return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
 
 
-def is_moe(model):
+def check_replay(model):
+    """--routing-replay stops before training unless the model's routing can really be replayed: the toy
+    MoE, or a Hugging Face MoE model whose every router's top-k was caught, and whose log-probs under the
+    replay of its own choices are exactly those of free routing (a hub kernel that bypasses the router
+    module, for one, fails this)."""
     if isinstance(model, MoETransformer):
-        return model.cfg.n_experts > 1
-    return getattr(model.config, "num_experts_per_tok", None) is not None
+        check(is_toy_moe(model), "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
+                                 "is dense)")
+        return
+    name = type(model).__name__
+    check(routers(model), f"--routing-replay: no router module found in {name} (a dense model, or an MoE family "
+                          f"this code cannot replay)")
+    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
+    with torch.no_grad():
+        free, routing, _ = trunk(model, tokens, torch.ones_like(tokens))
+        check(routing is not None, f"--routing-replay: the routers of {name} do not make the top-k choice this "
+                                   f"code intercepts (a kernel may bypass them); it cannot be replayed")
+        replayed = trunk(model, tokens, torch.ones_like(tokens), routing)[0]
+    set_replay(model, None)
+    check(torch.equal(free, replayed), f"--routing-replay: replaying {name}'s own routing changes its output; "
+                                       f"it cannot be replayed")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -451,20 +553,14 @@ def forward(model, tokens, attention_mask, cache=None):
 def trunk(model, tokens, attention_mask, routing=None):
     """The forward pass for scoring, without the vocabulary head: the final hidden states [B, S, D],
     the router's top-k choice [n_layers, B, S, k] (None for dense models) and the load-balancing loss
-    (or None). `routing` (same shape) replays recorded experts: Routing Replay (toy MoE only)."""
+    (or None). `routing` (same shape) replays recorded experts: Routing Replay."""
     if isinstance(model, MoETransformer):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
-    check(routing is None, "Routing Replay is implemented for the toy MoE model only")
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    extra = {"output_router_logits": True} if is_moe(model) else {}
-    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                           **extra)
-    chosen, aux_loss = None, None
-    if getattr(out, "router_logits", None) is not None:  # per layer [B*S, E] -> router's top-k [L, B, S, k]
-        k = model.config.num_experts_per_tok
-        chosen = torch.stack([r.view(*tokens.shape, -1).topk(k, dim=-1).indices for r in out.router_logits])
-        aux_loss = load_balancing_loss(torch.stack(out.router_logits), chosen.flatten(1, 2))
+    set_replay(model, routing)
+    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    chosen, aux_loss = recorded_routing(model, tokens.shape)
     return out.last_hidden_state, chosen, aux_loss
 
 
@@ -547,6 +643,7 @@ def sampling_mode(model):
     every weight again for every token."""
     was_training = model.training
     model.eval()
+    set_replay(model, None)                             # sampling routes freely (Hugging Face models)
     try:
         with autocast(next(model.parameters()).device):
             yield

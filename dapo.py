@@ -41,7 +41,7 @@ What differs from grpo.py
 - policy_loss: asymmetric clipping, the token-level normaliser; clip fraction split into low and high.
 - overlong_penalty and filter_groups, sample_groups and dynamic_sampling before the update.
 - No KL term and no reference model (the paper drops it: the policy is meant to move far from its
-  start on long reasoning); no Routing Replay.
+  start on long reasoning).
 """
 import time
 from dataclasses import dataclass
@@ -72,7 +72,9 @@ class Args:
     # toy model
     d_model: int = arg(64, "toy model width")
     n_layers: int = arg(2, "toy model layers")
-    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    n_experts: int = arg(8, "toy model experts per layer (1: dense)")
+    top_k: int = arg(2, "toy model experts each token is routed to")
+    expert_hidden: int = arg(128, "toy model hidden size of each expert")
     # rollouts
     prompts_per_step: int = arg(16, "prompts per rollout batch")
     group_size: int = arg(8, "completions per prompt (G)")
@@ -94,6 +96,8 @@ class Args:
     overlong_shaping: bool = arg(True, "overlong reward shaping: turn off for no length penalty")
     overlong_buffer: Optional[int] = arg(None, "L_cache, the length buffer before --max-new-tokens (default: 1/4 of it)")
     overlong_filtering: bool = arg(False, "mask truncated completions out of the loss")
+    routing_replay: bool = arg(False, "MoE models: the update uses the experts chosen when the old log-probs "
+                                      "were computed (Routing Replay)")
 
 
 def compute_advantages(rewards, group_size):
@@ -197,6 +201,8 @@ def train(args):
     clip_eps_high = args.clip_eps_high if args.clip_higher else args.clip_eps_low
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
+    if args.routing_replay:
+        common.check_replay(policy)                                    # or stop: never train without it
     check(args.overlong_buffer is None or 0 < args.overlong_buffer < world.max_new_tokens,
           f"--overlong-buffer must be between 1 and --max-new-tokens - 1 ({world.max_new_tokens - 1}), "
           f"got {args.overlong_buffer}")
@@ -224,7 +230,8 @@ def train(args):
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                                   recorded if args.routing_replay else None)
             if on_policy:                      # the old log-probs are these, detached: ratio exactly 1, no drift
                 old_logp, entropy, recorded = logp.detach(), new_entropy, routing
             mask = rollout.mask[idx]

@@ -32,8 +32,8 @@ What was simplified, and why
   more time per step for the reference forward pass.
 - One pass over the minibatches per rollout batch (no extra epochs), contiguous minibatches (whole
   groups together), and the MoE load-balancing loss is logged but not added to the RL loss.
-- Routing Replay (--routing-replay) works on the toy MoE only; Hugging Face MoE models report their
-  routing drift but are not replayed.
+- Routing Replay (--routing-replay) replays whole expert sets: the toy MoE and the Hugging Face MoE
+  families whose routers make one top-k choice (README.md lists the ones tested).
 """
 import time
 from dataclasses import dataclass
@@ -63,7 +63,9 @@ class Args:
     # toy model
     d_model: int = arg(64, "toy model width")
     n_layers: int = arg(2, "toy model layers")
-    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    n_experts: int = arg(8, "toy model experts per layer (1: dense)")
+    top_k: int = arg(2, "toy model experts each token is routed to")
+    expert_hidden: int = arg(128, "toy model hidden size of each expert")
     # rollouts
     prompts_per_step: int = arg(16, "prompts per rollout batch")
     group_size: int = arg(8, "completions per prompt (G)")
@@ -78,7 +80,8 @@ class Args:
     # GRPO
     clip_eps: float = arg(0.2, "clip range of the token ratio")
     beta: float = arg(0.0, "KL coefficient to the frozen reference policy (paper: 0.04)")
-    routing_replay: bool = arg(False, "replay the experts the old policy chose (toy MoE only)")
+    routing_replay: bool = arg(False, "MoE models: the update uses the experts chosen when the old log-probs "
+                                      "were computed (Routing Replay)")
 
 
 def compute_advantages(rewards, group_size):
@@ -119,7 +122,8 @@ def train(args):
     check(args.beta >= 0, f"--beta must be 0 or positive, got {args.beta}")
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
-    check(not args.routing_replay or common.is_toy_moe(policy), "--routing-replay needs the toy MoE (n_experts > 1)")
+    if args.routing_replay:
+        common.check_replay(policy)                                    # or stop: never train without it
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel

@@ -73,7 +73,9 @@ class Args:
     # toy model
     d_model: int = arg(64, "toy model width")
     n_layers: int = arg(2, "toy model layers")
-    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    n_experts: int = arg(8, "toy model experts per layer (1: dense)")
+    top_k: int = arg(2, "toy model experts each token is routed to")
+    expert_hidden: int = arg(128, "toy model hidden size of each expert")
     # rollouts
     prompts_per_step: int = arg(16, "prompts per rollout batch")
     group_size: int = arg(8, "completions per prompt (G)")

@@ -61,7 +61,9 @@ class Args:
     # toy model
     d_model: int = arg(64, "toy model width")
     n_layers: int = arg(2, "toy model layers")
-    n_experts: int = arg(8, "toy model experts per layer, top-2 routing (1: dense)")
+    n_experts: int = arg(8, "toy model experts per layer (1: dense)")
+    top_k: int = arg(2, "toy model experts each token is routed to")
+    expert_hidden: int = arg(128, "toy model hidden size of each expert")
     # rollouts
     prompts_per_step: int = arg(128, "prompts per rollout batch")
     group_size: int = arg(1, "completions per prompt (1: classic PPO)")
@@ -81,6 +83,8 @@ class Args:
     critic_lr: float = arg(1e-4, "AdamW learning rate of the critic")
     value_clip: float = arg(0.2, "clip range of the value update around the old value")
     epochs: int = arg(2, "passes over the rollout batch's minibatches")
+    routing_replay: bool = arg(False, "MoE models: the update uses the experts chosen when the old log-probs "
+                                      "were computed (Routing Replay)")
 
 
 def compute_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
@@ -150,6 +154,8 @@ def train(args):
           f"--gamma and --lam must be in [0, 1], got {args.gamma}, {args.lam}")
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
+    if args.routing_replay:
+        common.check_replay(policy)                                    # or stop: never train without it
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
     critic = common.make_critic(policy)                                 # the warm-started weights, a scalar head
@@ -185,7 +191,8 @@ def train(args):
         stats = []
         for idx in common.minibatches(len(scores), args.minibatches) * args.epochs:          # --epochs passes
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                         recorded if args.routing_replay else None)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             t_critic = time.perf_counter()

@@ -67,3 +67,47 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def hf_tied(tmp_path_factory):
     return build_tiny_hf(tmp_path_factory.mktemp("tiny-qwen3-tied"), "dense", tied=True)
+
+
+def moe_configs():
+    """Tiny configs of six Hugging Face Mixture-of-Experts families, 8 experts top-2, 2 layers."""
+    from transformers import (DeepseekV3Config, GraniteMoeConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
+                              Qwen3MoeConfig)
+    base = dict(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    return {
+        "qwen3_moe": Qwen3MoeConfig(**base, head_dim=8, intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                    moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[],
+                                    norm_topk_prob=True),
+        "qwen2_moe": Qwen2MoeConfig(**base, intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                    moe_intermediate_size=16, shared_expert_intermediate_size=16, decoder_sparse_step=1),
+        "mixtral": MixtralConfig(**base, head_dim=8, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2),
+        "olmoe": OlmoeConfig(**base, intermediate_size=16, num_experts=8, num_experts_per_tok=2),
+        "granitemoe": GraniteMoeConfig(**base, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2,
+                                       logits_scaling=2.0),
+        # Sigmoid scores, a correction bias and group-limited top-k: top-k of the router logits is not the choice.
+        "deepseek_v3": DeepseekV3Config(**base | {"num_key_value_heads": 4}, intermediate_size=64,
+                                        moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                                        topk_group=2, first_k_dense_replace=0, n_shared_experts=1, q_lora_rank=None,
+                                        kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8),
+    }
+
+
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "deepseek_v3"]
+
+
+@pytest.fixture
+def tiny_moe():
+    """Build one of the six families (random weights, routers watched, training mode), as load_hf would."""
+    def build(family, gradient_checkpointing=False):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        import common
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(moe_configs()[family])
+        for router in common.routers(model):
+            if hasattr(router, "e_score_correction_bias"):       # DeepSeek-V3: a bias that changes the choice
+                router.e_score_correction_bias.normal_(0, 0.1)
+        return common.training_mode(common.watch_routers(model), gradient_checkpointing)
+    return build

@@ -85,7 +85,7 @@ def test_generation_without_the_cache_samples_the_same_tokens(which, request):
 
 
 def test_toy_model_gets_the_positions_long_completions_need():
-    args = type("Args", (), {"d_model": 64, "n_layers": 2, "n_experts": 8})
+    args = type("Args", (), {"d_model": 64, "n_layers": 2, "n_experts": 8, "top_k": 2, "expert_hidden": 128})
     assert common.toy_model_config(args, common.toy_world("add", 50, None)).max_seq_len == 64
     assert common.toy_model_config(args, common.toy_world("add", 50, 100)).max_seq_len == 6 + 100
 
