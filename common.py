@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import resource
@@ -17,6 +18,7 @@ import signal
 import sys
 import typing
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -167,7 +169,7 @@ class World:
     eval: list             # [(prompt_ids, answer)], fixed and held out
     decode: typing.Callable
     reward: typing.Callable    # reward(completion_text, answer, finished) -> float
-    eos_id: int
+    eos_ids: tuple         # a completion ends at the first of these tokens (it is part of the completion)
     pad_id: int
     max_new_tokens: int
 
@@ -197,7 +199,7 @@ def toy_world(task, eval_size, max_new_tokens):
     rows = [(encode(p), a) for p, a in TASKS[task].problems()]
     train, held_out = split_eval(rows, 500)  # the same 500 held out whatever --eval-size, so one base fits all
     decode = lambda ids: "".join(TOY_VOCAB[i] for i in ids if i > TOY_EOS)
-    return World(train, held_out[:eval_size], decode, toy_reward, TOY_EOS, TOY_PAD,
+    return World(train, held_out[:eval_size], decode, toy_reward, (TOY_EOS,), TOY_PAD,
                  max_new_tokens or TASKS[task].max_new_tokens)
 
 
@@ -257,24 +259,90 @@ def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0)
 # Real models: a Hugging Face causal LM and a JSONL file of {"prompt", "answer"}
 # ----------------------------------------------------------------------------------------------
 
+# The default reward with --data: read a completion's final answer the way math RL data sets write it,
+# compare it with the reference exactly, as numbers where both read as numbers (fractions.Fraction:
+# 0.5 == 1/2 == \frac{1}{2}, but 0.333 != 1/3; the references are exact, a tolerance would reward
+# rounding), else as normalised LaTeX strings.
+
+# A plain number: thousands commas only in groups of exactly three (1,000 but not 1,2,3), an optional decimal
+# part, or a bare decimal part (.5). No exponents: 1e3 is not read as 1000 (math data sets never write one,
+# and 1e999999999 would be a billion-digit integer to build); in running text it reads as 1 and then 3.
+NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
+SIGNED = rf"[-+]?(?:{NUMBER})"
+# In running text a minus is a sign only where it cannot be a subtraction (10-3 ends with 3, x = -3 with -3),
+# and a number never starts inside another one (1.2.5 does not end with .5).
+NUMBER_IN_TEXT = rf"(?:(?<![\w)}}\]])-)?(?<![\d.])(?:{NUMBER})"
+# A unit after a number, dropped when reading the number: 5\text{ cm}, 90^\circ. Without digits, so that
+# \text{5} stays a number and \text{(A)} is left to the string comparison.
+UNIT = r"(?:\\(?:text|mbox|mathrm)\{[^{}\d]*\}|\^\{?\\circ\}?)$"
+
+
+def marked_answer(text):
+    """The content of the last \\boxed{...} or \\fbox{...} (braces matched), else the rest of the line after the
+    last `####` (GSM8K); None if the text has neither."""
+    boxes = list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
+    if boxes:
+        start, depth = boxes[-1].end(), 1
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i].strip()
+        return ""  # an unclosed last box is a malformed answer, not a reason to go back to an abandoned one
+    lines = re.findall(r"####(.*)", text)  # `.` stops at the end of the line
+    return lines[-1].strip() if lines else None
+
+
 def final_answer(text):
-    """The last \\boxed{...} in the text, else its last number; None if it has neither."""
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
-    if boxed:
-        return boxed[-1].strip()
-    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
-    return numbers[-1].replace(",", "") if numbers else None
+    """The final answer: the last box, else the `####` line, else the last number; None if there is none.
+    An empty box gives "", which never scores."""
+    marked = marked_answer(text)
+    if marked is not None:
+        return marked
+    numbers = re.findall(NUMBER_IN_TEXT, text)
+    return numbers[-1] if numbers else None
+
+
+def normalise(s):
+    """An answer as a string with its LaTeX dressing removed, so that equal answers compare equal."""
+    s = re.sub(r"\s+|\\[,;:! ]", "", s)  # whitespace, and LaTeX's spacing commands \, \; \: \! \
+    s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s)  # \text{(A)} -> (A)
+    s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)  # \left( -> (, but \rightarrow stays
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = re.sub(r"\\?[$%]", "", s)  # $5, \$5, 50\% -> 5, 5, 50: a percentage is its number (GSM8K's convention)
+    s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)  # x^{2} -> x^2 (the same in LaTeX; x^{10} is not x^10)
+    s = s.replace("{,}", ",")  # 1{,}000, LaTeX's thousands comma
+    return s[:-1] if s.endswith(".") else s  # a sentence's full stop: 42. -> 42
+
+
+def to_number(s):
+    """The answer's value as a Fraction when it is a number (1,000  .5  -3  \\$5  50\\%  1/2  \\frac{1}{2}
+    \\dfrac12  5\\text{ cm}), else None."""
+    s = normalise(re.sub(UNIT, "", re.sub(r"\s+", "", s)))
+    # \frac{a}{b}, and its single-digit shorthand \frac12, as a/b; only when it is the whole answer
+    s = re.sub(r"^([-+]?)\\frac(\{[^{}]*\}|\d)(\{[^{}]*\}|\d)$",
+               lambda m: f"{m[1]}{m[2].strip('{}')}/{m[3].strip('{}')}", s)
+    m = re.fullmatch(rf"({SIGNED})(?:/({SIGNED}))?", s)
+    if not m:
+        return None
+    try:
+        return Fraction(m[1].replace(",", "")) / Fraction((m[2] or "1").replace(",", ""))
+    except (ValueError, ZeroDivisionError):  # x/0, and integers past Python's 4300-digit limit
+        return None
 
 
 def answer_reward(completion, answer, finished):
-    """1 if the completion's final answer equals the reference (numerically where both are numbers)."""
-    got, want = final_answer(completion), str(answer).strip().replace(",", "")
-    if got is None:
+    """1 if the completion's final answer equals the reference (numerically where both are numbers), else 0.
+    A truncated completion never scores, as in the toy reward. The reference may be boxed or a `####` line."""
+    if not finished:
         return 0.0
-    try:
-        return float(math.isclose(float(got), float(want), rel_tol=0, abs_tol=1e-6))
-    except ValueError:
-        return float(got == want)
+    got, want = final_answer(completion), marked_answer(str(answer))
+    want = str(answer).strip() if want is None else want
+    if got is None or not normalise(got) or not normalise(want):  # an empty answer matches nothing
+        return 0.0
+    x, y = to_number(got), to_number(want)
+    if x is not None and y is not None:
+        return float(x == y)
+    return float(normalise(got) == normalise(want))
 
 
 def read_jsonl(path):
@@ -318,7 +386,7 @@ def load_hf(name, device):
     return watch_routers(model.to(device)), tokenizer
 
 
-def hf_world(tokenizer, rows, data, eval_size, max_new_tokens, max_context):
+def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
     def encode(prompt):
         if tokenizer.chat_template:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -326,20 +394,48 @@ def hf_world(tokenizer, rows, data, eval_size, max_new_tokens, max_context):
         return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
     rows = [(encode(p), a) for p, a in rows]
     max_new_tokens = max_new_tokens or 256
+    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
     for n, (ids, _) in enumerate(rows, 1):
         check(len(ids) + max_new_tokens <= max_context,
               f"--data {data}, row {n}: prompt of {len(ids)} tokens + --max-new-tokens {max_new_tokens} "
               f"is longer than the model's context of {max_context} tokens")
     train, held_out = split_eval(rows, eval_size)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-    return World(train, held_out, decode, answer_reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                 max_new_tokens)
+    # A chat model often ends its turn with another token than the tokenizer's EOS (Qwen: <|im_end|>); its
+    # generation config lists every end id. Stopping on one id only would run every completion to the limit.
+    ends = getattr(model.generation_config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    eos_ids = tuple(dict.fromkeys([tokenizer.eos_token_id, *ends]))
+    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens)
+
+
+def load_reward(spec):
+    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py."""
+    import importlib.util
+    import inspect
+    path, _, name = spec.rpartition(":")
+    check(path and name, f"--reward {spec}: give FILE.py:NAME, a file and the name of the function in it")
+    check(os.path.isfile(path), f"--reward {spec}: no such file {path}")
+    try:
+        module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise UsageError(f"--reward {spec}: importing {path} raised {type(e).__name__}: {e}") from None
+    reward = getattr(module, name, None)
+    check(callable(reward), f"--reward {spec}: {path} has no function {name}")
+    try:
+        inspect.signature(reward).bind("completion", "answer", True)
+    except (TypeError, ValueError):
+        raise UsageError(f"--reward {spec}: {name} must take three arguments (completion, answer, finished)") from None
+    return reward
 
 
 def make_policy(args, device):
     """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
     if args.model is None:
         world = toy_world(args.task, args.eval_size, args.max_new_tokens)
+        world.reward = load_reward(args.reward) if args.reward else world.reward
         cfg = toy_model_config(args, world)
         model, path = warm_start(world, cfg, TASKS[args.task])
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
@@ -347,9 +443,10 @@ def make_policy(args, device):
         return training_mode(model.to(device), args.gradient_checkpointing), world
     check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
     rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
+    reward = load_reward(args.reward) if args.reward else None
     model, tokenizer = load_hf(args.model, device)
-    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    world = hf_world(tokenizer, rows, args.data, args.eval_size, args.max_new_tokens, max_context)
+    world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
+    world.reward = reward or world.reward
     model = training_mode(model, args.gradient_checkpointing)
     check_scoring(model, args.model)
     return model, world
@@ -630,7 +727,7 @@ def left_pad(prompts, pad_id):
 def mask_logits(logits, world):
     """PAD is never a real token: it must not be sampled, and log-probs use the same distribution.
     Apply after dividing by the temperature: a finite minimum keeps 0 * log 0 = 0 in the entropy."""
-    if world.pad_id != world.eos_id:
+    if world.pad_id not in world.eos_ids:
         logits[..., world.pad_id] = torch.finfo(logits.dtype).min
     return logits
 
@@ -661,6 +758,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     tokens, attention_mask = tokens.to(device), attention_mask.to(device)
     N, P = tokens.shape
     new, alive = [], torch.ones(N, dtype=torch.bool, device=device)
+    eos_ids = torch.tensor(world.eos_ids, device=device)
     with sampling_mode(model):
         logits, cache = forward(model, tokens, attention_mask)
         for t in range(world.max_new_tokens):
@@ -671,7 +769,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
                 token = torch.multinomial(F.softmax(next_logits, dim=-1), 1).squeeze(1)
             token = torch.where(alive, token, world.pad_id)
             new.append(token)
-            alive = alive & (token != world.eos_id)
+            alive = alive & ~torch.isin(token, eos_ids)
             if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
                 break
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
@@ -680,7 +778,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
             else:
                 logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
     completion = torch.stack(new, 1)                                     # [N, T]
-    is_eos = completion == world.eos_id
+    is_eos = torch.isin(completion, eos_ids)
     finished = is_eos.any(1)
     # Mask: tokens up to and including the first EOS (all of them when truncated).
     mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
@@ -690,17 +788,23 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
 
 
 def rewards_of(world, rollout, answers, group_size):
-    """Task reward of every completion [N]; `answers` has one entry per prompt."""
+    """Task reward of every completion [N]; `answers` has one entry per prompt. A reward function that
+    raises, or returns anything but a finite number, stops the run naming the prompt (a NaN reward would
+    make every advantage of its group NaN)."""
     texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
     rewards = []
     for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist())):
         try:
-            rewards.append(float(world.reward(text, answers[i // group_size], bool(done))))
+            reward = world.reward(text, answers[i // group_size], bool(done))
+            problem = None if isinstance(reward, numbers.Real) and math.isfinite(reward) else \
+                f"returned {reward!r}, not a finite number"
         except Exception as e:  # a user's reward function: say which prompt broke it
+            problem = f"raised {type(e).__name__}: {e}"
+        if problem:
             P = rollout.tokens.shape[1] - rollout.mask.shape[1]
             prompt = world.decode(rollout.tokens[i, :P][rollout.attention_mask[i, :P].bool()].tolist())
-            raise UsageError(f"the reward function raised {type(e).__name__}: {e} (prompt {prompt[-200:]!r}, "
-                             f"completion {text[:200]!r})") from None
+            raise UsageError(f"the reward function {problem} (prompt {prompt[-200:]!r}, completion {text[:200]!r})")
+        rewards.append(float(reward))
     return torch.tensor(rewards, device=rollout.mask.device)
 
 

@@ -49,7 +49,11 @@ class Args:
     # run
     task: str = arg("add", "toy task (ignored with --model): " + ", ".join(common.TASKS))
     model: Optional[str] = arg(None, "Hugging Face causal LM, a local folder or Hub id (default: the toy MoE)")
-    data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model')
+    data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model; reward 1 '
+                              'when the final answer (last \\boxed{}, else "#### x" line, else last number) equals '
+                              '"answer" and the completion ended (a truncated one scores 0)')
+    reward: Optional[str] = arg(None, "FILE.py:NAME, your reward function NAME(completion, answer, finished) -> "
+                                      "float, instead of the default (toy: exact answer then EOS)")
     steps: int = arg(700, "rollout batches; each gives --epochs x --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")

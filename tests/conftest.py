@@ -15,20 +15,26 @@ def test_cache():
     os.environ["RL_CACHE_DIR"] = str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "rl-bases")
 
 
-def build_tiny_hf(folder, kind, tied=False):
-    """A tiny Hugging Face causal LM and character tokenizer, built offline from a config."""
+def build_tiny_hf(folder, kind, tied=False, chat=False, context=128):
+    """A tiny Hugging Face causal LM and character tokenizer, built offline from a config. chat=True: a
+    chat template whose turns end with <|im_end|>, which is not the tokenizer's EOS but is listed, as in
+    Qwen's checkpoints, among the end ids of the model's generation config."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
 
-    chars = list(dict.fromkeys("0123456789+-*=?,. abcdefghijklmnopqrstuvwxyzQAW"))
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + chars)}
+    chars = list(dict.fromkeys("0123456789+-*=?,. abcdefghijklmnopqrstuvwxyzQAW#"))
+    specials = ["<pad>", "<eos>", "<unk>"] + (["<|im_start|>", "<|im_end|>"] if chat else [])
+    vocab = {t: i for i, t in enumerate(specials + chars)}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
-                                        unk_token="<unk>")
+                                        unk_token="<unk>", additional_special_tokens=specials[3:])
+    if chat:
+        tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>"
+                                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
     common = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=context,
                   pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=tied)
     if kind == "moe":
         config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -36,7 +42,10 @@ def build_tiny_hf(folder, kind, tied=False):
     else:
         config = Qwen3Config(**common)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config)
+    if chat:
+        model.generation_config = GenerationConfig(eos_token_id=[vocab["<|im_end|>"], 1], pad_token_id=0)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -111,3 +120,8 @@ def tiny_moe():
                 router.e_score_correction_bias.normal_(0, 0.1)
         return common.training_mode(common.watch_routers(model), gradient_checkpointing)
     return build
+
+
+@pytest.fixture(scope="session")
+def hf_chat(tmp_path_factory):
+    return build_tiny_hf(tmp_path_factory.mktemp("tiny-qwen3-chat"), "dense", chat=True, context=512)

@@ -31,7 +31,7 @@ def test_rollout_mask_covers_tokens_up_to_and_including_eos():
         assert m[:n].all() and not m[n:].any()                       # a prefix
         assert (row[n:] == world.pad_id).all()                       # padding after it
         assert (row[:n] != world.pad_id).all()                       # PAD is never sampled
-        eos = (row[:n] == world.eos_id).nonzero().flatten().tolist()
+        eos = (row[:n] == world.eos_ids[0]).nonzero().flatten().tolist()
         assert eos == ([n - 1] if done else [])                      # only EOS is the last kept token
 
 
@@ -74,7 +74,7 @@ def test_generation_without_the_cache_samples_the_same_tokens(which, request):
         prompts, _ = world.sample(4)
     else:
         model, tokenizer = common.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))
-        world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 6)
+        world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)
         prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok", "7*8=")]
     rollouts = []
     for use_cache in (True, False):
@@ -125,7 +125,7 @@ def test_toy_reward_needs_the_exact_answer_and_eos():
 
 def test_left_padding_does_not_change_hf_logprobs(hf_dense):
     model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
-    world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 6)
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)
     short = torch.tensor(tokenizer("what is 1+2?")["input_ids"])
     long = torch.tensor(tokenizer("what is 12+34? ok ok ok")["input_ids"])
     torch.manual_seed(0)
@@ -142,7 +142,7 @@ def test_left_padding_does_not_change_hf_logprobs(hf_dense):
 
 def test_hf_cached_generation_with_left_padding_matches_a_full_forward(hf_dense):
     model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
-    world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 8)
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 8)
     prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok ok", "7*8=")]
     rollout = common.generate(model, world, prompts, 1, 1.0, greedy=True)
     P, T = rollout.tokens.shape[1] - rollout.mask.shape[1], rollout.mask.shape[1]

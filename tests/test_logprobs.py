@@ -17,7 +17,7 @@ def toy_model():
 
 def hf_model(folder):
     model, tokenizer = common.load_hf(str(folder), torch.device("cpu"))
-    world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 8)
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 8)
     return model, world
 
 

@@ -148,7 +148,7 @@ def test_critic_is_a_scalar_head_on_a_copy_of_the_policy(which, request):
         model, world = common.make_policy(ppo.Args(), torch.device("cpu"))
     else:
         model, tokenizer = common.load_hf(str(request.getfixturevalue("hf_tied")), torch.device("cpu"))
-        world = common.World([], [], None, None, tokenizer.eos_token_id, tokenizer.pad_token_id, 5)
+        world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 5)
     critic = common.make_critic(model)
     if which != "toy":
         critic.tie_weights()                                            # what save_pretrained and friends call

@@ -17,7 +17,7 @@ def rollout(n=4, seed=0):
     return common.Rollout(tokens, attention_mask, torch.ones(n, 6), torch.ones(n, dtype=torch.bool))
 
 
-WORLD = common.World([], [], None, None, eos_id=1, pad_id=0, max_new_tokens=6)
+WORLD = common.World([], [], None, None, eos_ids=(1,), pad_id=0, max_new_tokens=6)
 
 
 def logprobs_and_grads(model, batch, routing=None):

@@ -1,0 +1,196 @@
+"""Rewards on real data: the default answer reward (a table of cases), the end ids a completion stops at, your
+own reward function (--reward), and a GSM8K-style file end to end."""
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import grpo
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
+
+
+@pytest.mark.parametrize("completion, answer, finished, reward", [
+    # Known failures of the old checker
+    ("so the total is \\boxed{1,000}", "1000", True, 1.0),
+    ("so the total is \\boxed{1,000}", "1,000", True, 1.0),
+    ("\\boxed{\\frac{1}{2}}", "2", True, 0.0),         # the old one read the inner {2}
+    ("\\boxed{\\frac{1}{2}}", "1/2", True, 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True, 1.0),
+    ("the answer is .5", "0.5", True, 1.0),
+    ("the answer is .5", "5", True, 0.0),
+    ("\\boxed{1,2,3}", "123", True, 0.0),               # not a thousands comma: compared as strings
+    ("\\boxed{1,2,3}", "1, 2, 3", True, 1.0),
+    ("the terms are 1,2,3", "123", True, 0.0),          # the last number is 3
+    ("the terms are 1,2,3", "3", True, 1.0),
+    ("\\boxed{42}", "42", False, 0.0),                  # truncated: never scores
+    ("#### 72", "72", False, 0.0),
+    # Must stay 0
+    ("7 ... no, 8", "7", True, 0.0),
+    ("it is 5. \\boxed{}", "5", True, 0.0),             # an empty box is the answer, and it is empty
+    ("\\boxed{}", "", True, 0.0),                       # empty matches nothing, not even empty
+    ("Natalia sold clips to 48 of her friends in April, and then half as many in May.", "72", True, 0.0),
+    ("\\boxed{5} hmm, or rather \\boxed{6}", "5", True, 0.0),
+    ("\\boxed{\\text{(A)}}", "(B)", True, 0.0),
+    ("\\boxed{\\text{yes}}", "no", True, 0.0),
+    ("no idea", "7", True, 0.0),
+    ("\\boxed{5", "5", True, 0.0),                      # an unclosed box: no answer, not an earlier number
+    # GSM8K lines; a reference may be a line or a box itself
+    ("48 / 2 = 24 and 48 + 24 = 72\n#### 72", "72", True, 1.0),
+    ("#### 72\nThat took 3 steps.", "72", True, 1.0),   # the line, not the last number
+    ("#### 1,000", "1000", True, 1.0),
+    ("\\boxed{72}", "#### 72", True, 1.0),
+    ("\\boxed{6}", "so it is \\boxed{6}", True, 1.0),
+    # Boxes, dollars, percent, signs, fractions
+    ("\\fbox{12}", "12", True, 1.0),
+    ("It costs \\boxed{\\$5}.", "$5", True, 1.0),
+    ("\\boxed{\\$1,000}", "1000", True, 1.0),
+    ("\\boxed{\\$\\text{1,000}}", "1000", True, 1.0),
+    ("\\boxed{50\\%}", "50", True, 1.0),
+    ("the temperature fell to -3 degrees", "-3", True, 1.0),
+    ("x = 10-3", "-3", True, 0.0),                      # a subtraction: the last number is 3
+    ("\\boxed{-3}", "3", True, 0.0),
+    ("\\boxed{+3}", "3", True, 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}", True, 1.0),
+    ("\\boxed{-\\dfrac{3}{4}}", "-0.75", True, 1.0),
+    ("\\boxed{\\tfrac12}", "0.5", True, 1.0),
+    ("\\boxed{1/2}", "1/3", True, 0.0),
+    ("\\boxed{0.333}", "\\frac{1}{3}", True, 0.0),      # exact comparison, no tolerance
+    ("\\boxed{7.0}", "7", True, 1.0),
+    ("so it is 42.", "42", True, 1.0),
+    ("\\boxed{42.}", "42", True, 1.0),
+    ("\\boxed{5\\text{ cm}}", "5", True, 1.0),
+    ("\\boxed{90^\\circ}", "90", True, 1.0),
+    ("\\boxed{10{,}000}", "10000", True, 1.0),
+    ("1e3", "1000", True, 0.0),                         # no scientific notation: the last number is 3
+    # Strings: nested braces, LaTeX dressing, whitespace
+    ("\\boxed{\\text{(A)}}", "(A)", True, 1.0),
+    ("\\boxed{x^{2}}", "x^2", True, 1.0),               # x^{2} and x^2 are the same in LaTeX...
+    ("\\boxed{x^{10}}", "x^10", True, 0.0),             # ...but x^10 is x^1 followed by 0
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", True, 1.0),
+    ("\\boxed{\\dfrac{\\pi}{2}}", "$\\frac{\\pi}{2}$", True, 1.0),
+    ("\\boxed{ \\left( 1, 2 \\right) }", "(1,2)", True, 1.0),
+    ("\\boxed{\\mathrm{B}}", " B ", True, 1.0),
+])
+def test_answer_reward(completion, answer, finished, reward):
+    assert common.answer_reward(completion, answer, finished) == reward
+
+
+def test_a_completion_stops_at_the_first_of_any_end_id(hf_chat):
+    """The chat model ends a turn with <|im_end|>, which is not the tokenizer's EOS."""
+    args = grpo.Args(model=str(hf_chat), data=str(GSM8K_STYLE), max_new_tokens=12, eval_size=2)
+    policy, world = common.make_policy(args, torch.device("cpu"))
+    tokenizer = common.load_hf(str(hf_chat), torch.device("cpu"))[1]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id and set(world.eos_ids) == {tokenizer.eos_token_id, im_end}
+    torch.manual_seed(0)
+    rollout = common.generate(policy, world, [p for p, _ in world.train[:4]], 8, 1.0)
+    ended_with = []
+    for row, mask, finished in zip(rollout.completions, rollout.mask.bool(), rollout.finished):
+        n = int(mask.sum())
+        ends = [i for i, t in enumerate(row[:n].tolist()) if t in world.eos_ids]
+        assert ends == ([n - 1] if finished else []) and (row[n:] == world.pad_id).all()
+        if finished:
+            ended_with.append(row[n - 1].item())
+    assert im_end in ended_with                                       # some turns ended with <|im_end|>
+    texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions, rollout.mask)]
+    assert not any("im_end" in t for t in texts)                      # a special token, not text
+
+
+def write(folder, name, code):
+    path = folder / name
+    path.write_text(code)
+    return path
+
+
+def run(argv, capsys):
+    try:
+        grpo.main(argv)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2", "--eval-size", "8"]
+
+
+def test_your_own_reward_replaces_the_toy_one(tmp_path):
+    reward = write(tmp_path, "mine.py", "def length(completion, answer, finished):\n"
+                                        "    return len(completion) / 8\n")
+    grpo.main(TINY + ["--reward", f"{reward}:length", "--out", str(tmp_path / "run")])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # The decoded text leaves out the EOS that ends a finished completion (and counts in its length).
+    for r in rows[1:]:
+        assert r["reward_mean"] == pytest.approx((r["response_len_mean"] - 1 + r["truncated_frac"]) / 8)
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    ("nofile.py:f", None, "--reward nofile.py:f: no such file nofile.py"),
+    ("{dir}/r.py", "def f(c, a, d):\n    return 1.0\n", "give FILE.py:NAME"),
+    ("{dir}/r.py:g", "def f(c, a, d):\n    return 1.0\n", "r.py has no function g"),
+    ("{dir}/r.py:f", "def f(completion, answer):\n    return 1.0\n",
+     "f must take three arguments (completion, answer, finished)"),
+    ("{dir}/r.py:f", "import not_a_module\n", "importing {dir}/r.py raised ModuleNotFoundError"),
+])
+def test_a_bad_reward_stops_before_training_with_one_line(tmp_path, capsys, spec, code, message):
+    if code is not None:
+        write(tmp_path, "r.py", code)
+    spec, message = spec.format(dir=tmp_path), message.format(dir=tmp_path)
+    exit_code, err = run(TINY + ["--reward", spec, "--out", str(tmp_path / "run")], capsys)
+    assert exit_code == 2 and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "run").exists()                            # stopped before the run started
+
+
+@pytest.mark.parametrize("returned, shown", [("'1'", "returned '1', not a finite number"),
+                                             ("None", "returned None, not a finite number"),
+                                             ("float('nan')", "returned nan, not a finite number")])
+def test_a_reward_that_returns_a_non_number_stops_naming_the_prompt(tmp_path, capsys, returned, shown):
+    reward = write(tmp_path, "r.py", f"def f(completion, answer, finished):\n    return {returned}\n")
+    exit_code, err = run(TINY + ["--reward", f"{reward}:f", "--out", str(tmp_path / "run")], capsys)
+    assert exit_code == 2 and err.count("\n") == 1
+    assert f"error: the reward function {shown} (prompt '" in err
+
+
+@pytest.mark.parametrize("reward", [None, "format"])
+def test_gsm8k_style_data_end_to_end(hf_chat, tmp_path, reward):
+    extra = []
+    if reward:
+        code = readme_rewards()["my_rewards.py"]
+        extra = ["--reward", f"{write(tmp_path, 'my_rewards.py', code)}:boxed_and_right"]
+    grpo.main(["--model", str(hf_chat), "--data", str(GSM8K_STYLE), "--max-new-tokens", "16", "--eval-size", "2",
+               "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2",
+               "--out", str(tmp_path / "run")] + extra)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # An untrained model never writes a right boxed answer: 0 by default, -0.5 with the format penalty.
+    assert all(r["reward_mean"] == (-0.5 if reward else 0.0) for r in rows[1:])
+    assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("entropy", "grad_norm", "response_len_mean"))
+
+
+def readme_rewards():
+    """The reward examples of README.md, by the file name on their first line."""
+    blocks = re.findall(r"```python\n# (\S+\.py):.*?\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return {name: code for name, code in blocks}
+
+
+def test_the_readme_format_reward():
+    namespace = {}
+    exec(readme_rewards()["my_rewards.py"], namespace)
+    f = namespace["boxed_and_right"]
+    assert f("so \\boxed{72}", "#### 72", True) == 1.0 and f("so 72", "72", True) == 0.5
+    assert f("so \\boxed{71}", "72", True) == 0.0 and f("so \\boxed{72}", "72", False) == 0.0
+
+
+def test_the_readme_math_verify_reward():
+    pytest.importorskip("math_verify")
+    namespace = {}
+    exec(readme_rewards()["verified.py"], namespace)
+    f = namespace["math_verify_reward"]
+    assert f("so \\boxed{\\frac{1}{2}}", "0.5", True) == 1.0 and f("so \\boxed{3}", "0.5", True) == 0.0
+    assert f("so \\boxed{0.5}", "0.5", False) == 0.0
