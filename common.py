@@ -16,6 +16,7 @@ import re
 import resource
 import signal
 import sys
+import time
 import typing
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -962,9 +963,16 @@ RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every", "gr
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 
+def new_run_folder(algorithm, args):
+    """runs/<script>-<task>-<date>-<time>: a new folder for every run, so that no run overwrites another."""
+    stem = f"runs/{algorithm}-{args.task if args.model is None else 'hf'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return next(f"{stem}{suffix}" for suffix in ["", *(f"-{i}" for i in range(2, 1000))]
+                if not Path(f"{stem}{suffix}").exists())
+
+
 def run_main(train, args):
     """Run `train(args)`: bad input ends with one line on stderr and exit code 2, a deliberate
-    stop with exit code 1, Ctrl-C (after its checkpoint) with 130. No tracebacks for any of them."""
+    stop with exit code 1, Ctrl-C or SIGTERM after its checkpoint with 130 or 143. No tracebacks."""
     try:
         train(args)
     except UsageError as e:
@@ -989,55 +997,58 @@ class Run:
     `state` maps names to everything with a state_dict (policy, optimizer, a critic...); the first
     entry is the policy. A checkpoint holds those, the step, every random generator's state and the
     arguments; it is written to a temporary file and renamed, so a crash never leaves half of one.
-    Ctrl-C finishes the current step, saves, and stops; a second Ctrl-C stops at once."""
+    Ctrl-C or SIGTERM finishes the current step, saves, and stops; a second one stops at once."""
 
     def __init__(self, algorithm, args, world, state):
         self.algorithm, self.args, self.world, self.state = algorithm, args, world, state
         self.policy = next(iter(state.values()))
-        default = f"runs/{algorithm}-{args.task if args.model is None else 'hf'}"
         check(not (args.resume and args.out and Path(args.out) != Path(args.resume)),
               "--resume DIR continues in DIR; leave out --out (or give the same folder)")
-        self.out = Path(args.resume or args.out or default)
+        self.out = Path(args.resume or args.out or new_run_folder(algorithm, args))
         self.metrics_path, self.checkpoint_path = self.out / "metrics.jsonl", self.out / "checkpoint.pt"
-        self.bad_steps, self.interrupted = 0, False
+        self.bad_steps, self.stop_signal = 0, None
         if args.resume:
             self.start = self.load()
-            rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
-            self.history = [r for r in rows if r["step"] <= self.start]  # drop steps logged after the checkpoint
+            self.history = [r for r in self.read_metrics() if r["step"] <= self.start]  # drop steps after it
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             print(f"resuming {self.checkpoint_path} at step {self.start}")
         else:
+            check(not self.metrics_path.exists() and not self.checkpoint_path.exists(),
+                  f"--out {self.out} already holds a run; continue it with --resume {self.out}, or choose another "
+                  f"folder (without --out, every run gets a new one)")
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
             self.write({"step": 0, "eval_accuracy": evaluate(self.policy, world)})
             print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
-                  f"{self.history[0]['eval_accuracy']:.3f}")
+                  f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
 
     def steps(self):
         check(self.start < self.args.steps, f"--resume: the checkpoint is at step {self.start} already; "
                                             f"give a larger --steps to train on")
-        previous = signal.signal(signal.SIGINT, self.on_interrupt)
+        # Ctrl-C and SIGTERM (how clusters stop a job: preemption, time limits) finish the step and save.
+        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.bar = tqdm(range(self.start + 1, self.args.steps + 1), desc=self.algorithm, initial=self.start,
                             total=self.args.steps)
             for step in self.bar:
                 yield step
-                if self.interrupted:
+                if self.stop_signal:
                     self.save(step)
                     self.bar.close()
                     print(f"interrupted: saved step {step} to {self.checkpoint_path}; "
                           f"continue with --resume {self.out}", file=sys.stderr)
-                    raise KeyboardInterrupt
+                    raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
-    def on_interrupt(self, signum, frame):
-        if self.interrupted:  # the second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.interrupted = True
-        print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop at once)",
-              file=sys.stderr)
+    def on_signal(self, signum, frame):
+        if self.stop_signal:  # the second one: stop now
+            raise SystemExit(128 + signum)
+        self.stop_signal = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint (send it again to "
+              f"stop at once)", file=sys.stderr)
 
     def log(self, record):
         """Evaluate when due, write the step's record, watch for non-finite updates, save when due."""
@@ -1075,6 +1086,16 @@ class Run:
         tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
         torch.save(checkpoint, tmp)
         os.replace(tmp, self.checkpoint_path)  # atomic: the old checkpoint stays until the new one is whole
+
+    def read_metrics(self):
+        where = f"--resume {self.args.resume}"
+        check(self.metrics_path.is_file(), f"{where}: no metrics.jsonl in that folder")
+        try:
+            rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: metrics.jsonl is not valid JSON lines ({e.msg})") from None
+        check(rows and all(isinstance(r, dict) and "step" in r for r in rows), f"{where}: metrics.jsonl has no steps")
+        return rows
 
     def load(self):
         where = f"--resume {self.args.resume}"

@@ -69,9 +69,10 @@ class Args:
     steps: int = arg(2400, "rollout batches; each gives --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
-    out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: runs/<script>-<task>)")
+    out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: a new "
+                                    "runs/<script>-<task>-<date>-<time>)")
     resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")
-    save_every: int = arg(100, "checkpoint every N steps (0: only at the end); also on Ctrl-C")
+    save_every: int = arg(100, "checkpoint every N steps (0: only at the end); also on Ctrl-C or SIGTERM")
     eval_every: int = arg(50, "greedy evaluation on the held-out set every N steps (0: only at start and end)")
     eval_size: int = arg(500, "held-out prompts for evaluation")
     # toy model

@@ -14,6 +14,10 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
   length  dapo with all four techniques, then each switched off, and all off, on `progression`
   stress  grpo, grpo + Routing Replay and gspo under off-policy pressure: 16 minibatches (4x the updates)
   depth   grpo on deeper toy models (2, 4, 8 layers): routing drift against depth
+  fine    grpo, grpo + Routing Replay and gspo on a fine-grained toy MoE (4 layers, 64 experts, top-8,
+          expert hidden size 16), whose routing moves far more than the default's
+  hf-moe  the same three on a tiny Hugging Face Qwen3-MoE (random weights, experts and routers scaled
+          by 3 so that they matter), built here, with a partial-credit reward (digits in place)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
@@ -22,6 +26,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
+HF_MOE = RUNS / "hf-moe-model"  # built by build_hf_moe before the hf-moe runs
 PER_STEP = 128  # completions a step generates in every run of the study at the scripts' defaults (16 x 8, ppo 128 x 1)
 ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
 
@@ -57,11 +63,60 @@ EXPERIMENTS = {
         ("2 layers", "grpo.py", ["--n-layers", "2"]),
         ("4 layers", "grpo.py", ["--n-layers", "4"]),
         ("8 layers", "grpo.py", ["--n-layers", "8"])]),
+    "fine": (["--task", "add", "--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"], 300, 10, [
+        ("grpo", "grpo.py", []),
+        ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("gspo", "gspo.py", [])]),
+    "hf-moe": (["--model", str(HF_MOE), "--data", str(HF_MOE / "add.jsonl"), "--reward", f"{HF_MOE / 'reward.py'}:digits",
+                "--max-new-tokens", "8", "--eval-size", "100"], 150, 5, [
+        ("grpo", "grpo.py", []),
+        ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("gspo", "gspo.py", [])]),
 }
 
 
 # ---------------------------------------------------------------------------------------------------
 # Running
+
+REWARD = '''def digits(completion, answer, finished):
+    """Partial credit, a signal a random model can climb: the share of the answer's characters in place."""
+    return sum(a == b for a, b in zip(completion, answer)) / len(answer)
+'''
+
+
+def build_hf_moe(folder=HF_MOE):
+    """A Qwen3-MoE shaped as real MoE models are (many small experts, large top-k): hidden 64, 4 layers,
+    64 experts top-8 of hidden size 16, character tokenizer, random weights. At initialisation experts
+    add little to the residual stream, so which ones a token gets hardly matters; scaled by 3, as after
+    training, they do. Also writes the `add` problems as JSONL and the reward."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig
+    sys.path.insert(0, str(ROOT))
+    import common
+    if (folder / "reward.py").exists():
+        return
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + list("0123456789+="))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    config = Qwen3MoeConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, num_experts=64,
+                            num_experts_per_tok=8, moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[],
+                            norm_topk_prob=True, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".mlp." in name:                                     # the experts and the router
+                p.mul_(3)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "add.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n"
+                                              for p, a in common.add_problems()))
+    (folder / "reward.py").write_text(REWARD)
+
 
 def run_dir(experiment, label, seed, quick):
     return RUNS / ("quick" if quick else "") / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
@@ -75,7 +130,8 @@ def finished(out, steps):
 def launch(job):
     script, flags, out, threads = job
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)           # an unfinished or --rerun run starts again from nothing
+    out.mkdir(parents=True)
     with open(out / "log.txt", "w") as log:
         rc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT).returncode
@@ -96,6 +152,8 @@ def run_all(experiments, seeds, quick, jobs, threads, rerun):
                 out = run_dir(name, label, seed, quick)
                 if rerun or not finished(out, steps):
                     todo.append((script, shared + flags + extra + ["--seed", str(seed)], out, threads))
+    if "hf-moe" in experiments:
+        build_hf_moe()
     print(f"{len(todo)} runs to do, {jobs} at a time", flush=True)
     with ThreadPoolExecutor(jobs) as pool:
         codes = list(pool.map(launch, todo))
@@ -202,10 +260,18 @@ COLUMNS = {
                ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
                ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
                ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}")],
+    "fine": [("final eval acc", "final", "{:.3f}"), ("sampled acc (end)", "sampled_accuracy_end", "{:.3f}"),
+             ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
+             ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
+             ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
+             ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}")],
     "depth": [("base eval acc", "base", "{:.3f}"), ("routing drift", "routing_drift", "{:.4f}"), ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"),
               ("\\|log r\\| other", "log_ratio_other", "{:.3f}"), ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"),
               ("final eval acc", "final", "{:.3f}"), ("s/step", "seconds_per_step", "{:.3f}")],
 }
+
+
+COLUMNS["hf-moe"] = COLUMNS["fine"]  # there "accuracy" is the mean partial-credit reward
 
 
 def collect(name, seeds, quick):

@@ -20,6 +20,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,7 @@ WARMUP = 3
 
 def run_script(script, flags, out, threads=None):
     """Run a script to completion and return its metrics.jsonl rows."""
+    shutil.rmtree(out, ignore_errors=True)           # a script refuses an --out that holds a run
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     cmd = [sys.executable, str(ROOT / script), *flags, "--out", str(out), "--eval-every", "0", "--eval-size", "50",
            "--save-every", "0"]

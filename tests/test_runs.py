@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import common
 import grpo
 import gspo
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
         "--eval-every", "2"]
 
@@ -173,3 +175,50 @@ def test_a_reward_function_that_raises_names_the_prompt(tmp_path, monkeypatch, c
     code, err = run(TINY + ["--steps", "1", "--out", str(tmp_path)], capsys)
     assert code == 2 and "the reward function raised ValueError: cannot parse (prompt '" in err
     assert err.count("\n") == 1
+
+
+def test_a_second_run_leaves_the_first_untouched(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                                        # runs/ goes here
+    run(TINY + ["--steps", "2"])
+    (first,) = (tmp_path / "runs").iterdir()
+    before = {f.name: f.read_bytes() for f in first.iterdir()}
+    assert first.name.startswith("grpo-add-") and set(before) == {"metrics.jsonl", "checkpoint.pt"}
+    run(TINY + ["--steps", "2", "--seed", "1"])
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+    assert {f.name: f.read_bytes() for f in first.iterdir()} == before
+
+
+def test_an_out_folder_that_holds_a_run_is_refused(finished, capsys):
+    metrics_before = (finished / "metrics.jsonl").read_text()
+    code, err = run(TINY + ["--steps", "4", "--out", str(finished)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"--out {finished} already holds a run; continue it with --resume {finished}" in err
+    assert (finished / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_resume_without_metrics_is_one_line(finished, tmp_path, capsys):
+    (tmp_path / "checkpoint.pt").write_bytes((finished / "checkpoint.pt").read_bytes())
+    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "no metrics.jsonl in that folder" in err
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
+    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "metrics.jsonl is not valid JSON lines" in err
+
+
+def test_sigterm_finishes_the_step_and_saves(tmp_path):
+    """As a cluster stops a job: a real SIGTERM to a real process."""
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "grpo.py", *TINY, "--steps", "1000", "--save-every", "0",
+                                "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists()
+                                          and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.2)                                                # steps 0 to 2 logged: it is training
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    assert process.returncode == 128 + signal.SIGTERM and "SIGTERM: finishing this step" in err
+    assert f"saved step {saved} to" in err and saved == metrics(out)[-1]["step"] >= 2
