@@ -1,7 +1,28 @@
-"""Everything that is not an algorithm: the toy world, Hugging Face models and JSONL data, batched
-sampling with a KV cache, per-token log-probs, evaluation, logging and the command line.
+"""Everything that is not an algorithm; the algorithm scripts import it, it imports moe_model.py, nothing
+imports back. It reads in the order a training step calls it:
 
-The algorithm scripts (grpo.py, ...) import this file; it imports moe_model.py; nothing imports back.
+    policy, world = make_policy(args, device)
+        the toy MoE after its supervised warm start (cached on disk), or --model with --data; in training
+        mode with every dropout off, the update's mode (sampling switches to eval mode on its own)
+    rollout = generate(policy, world, prompts, group_size, temperature)
+        G completions per prompt in one batch, with a KV cache; PAD is never sampled; a completion ends at
+        its first end-of-sequence token, which belongs to it (rollout.mask counts it)
+    rewards = rewards_of(world, rollout, answers, group_size)
+        the task's reward, or yours (--reward); a broken reward function stops the run naming the prompt
+    old_logp, entropy, routing = fixed_logprobs(policy, world, rollout, temperature, chunks)
+        log-probs under the weights that sampled (or a frozen reference), no gradient; for MoE models
+        also the experts each token was routed to, for Routing Replay and the routing metrics
+    for idx in minibatches(N, count):
+        logp, entropy, routing, aux_loss = logprobs(policy, world, rollout[idx], temperature, replay)
+            from logits / temperature with PAD masked, the distribution that was sampled; 0 on padding;
+            the vocabulary head runs over chunks of tokens and never holds the [N, T, V] logits
+        optimizer_step(policy, optimizer, loss, max_grad_norm)
+            backward, clipping, step; a non-finite loss or gradient skips the update and is counted
+    run = Run(...); for step in run.steps(): ...; run.log(record); run.finish()
+        metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM
+
+Then the routing of Hugging Face MoE models, the worlds (the toy tasks; real models and data), the
+metrics, and the command line.
 """
 import argparse
 import contextlib
@@ -40,77 +61,84 @@ def check(ok, message):
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line: a dataclass of arguments becomes an argparse parser
+# Sampling: G completions for each prompt, in one batch
 # ----------------------------------------------------------------------------------------------
 
-def arg(default, help):
-    """A dataclass field with its --help text: `lr: float = arg(1e-4, "AdamW learning rate")`."""
-    return field(default=default, metadata={"help": help})
+@dataclass
+class Rollout:
+    """G completions for each of a batch of prompts. Prompts are left-padded to one length P so
+    that completion token t sits at column P + t of `tokens` for every row."""
+    tokens: torch.Tensor          # [N, P + T] prompt then completion, completion padded after EOS
+    attention_mask: torch.Tensor  # [N, P + T] 0 on left padding of the prompt
+    mask: torch.Tensor            # [N, T] 1 on completion tokens up to and including the first EOS
+    finished: torch.Tensor        # [N] bool, the completion ended with EOS (not truncated)
+    entropy: torch.Tensor = None  # [N, T] entropy of the distribution each token was sampled from, 0 after
+
+    def __getitem__(self, idx):
+        return Rollout(self.tokens[idx], self.attention_mask[idx], self.mask[idx], self.finished[idx],
+                       None if self.entropy is None else self.entropy[idx])
+
+    @property
+    def completions(self):
+        return self.tokens[:, self.tokens.shape[1] - self.mask.shape[1]:]
 
 
-def parse_args(cls, doc, argv=None):
-    """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`,
-    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag, kind, help = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
-        if kind is bool:
-            if f.default:
-                parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=help)
+@torch.no_grad()
+def generate(model, world, prompts, group_size, temperature, greedy=False, use_cache=True):
+    """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
+    Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g. use_cache=False runs
+    the whole sequence again for every new token (what the cache saves; benchmarks/speed.py)."""
+    device = next(model.parameters()).device
+    tokens, attention_mask = left_pad([p for p in prompts for _ in range(group_size)], world.pad_id)
+    tokens, attention_mask = tokens.to(device), attention_mask.to(device)
+    N, P = tokens.shape
+    new, entropy, alive = [], [], torch.ones(N, dtype=torch.bool, device=device)
+    eos_ids = torch.tensor(world.eos_ids, device=device)
+    with sampling_mode(model):
+        logits, cache = forward(model, tokens, attention_mask)
+        for t in range(world.max_new_tokens):
+            next_logits = mask_logits(logits / temperature, world)
+            if greedy:
+                token = next_logits.argmax(-1)
             else:
-                parser.add_argument(flag, dest=f.name, action="store_true", help=help)
-            continue
-        if typing.get_origin(kind) is typing.Union:  # Optional[int] -> int
-            kind = next(t for t in typing.get_args(kind) if t is not type(None))
-        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
-                            help=f"{help} (default: {f.default})")
-    return cls(**vars(parser.parse_args(argv)))
+                logp = F.log_softmax(next_logits, dim=-1)
+                token = torch.multinomial(logp.exp(), 1).squeeze(1)
+                entropy.append(-(logp.exp() * logp).sum(-1))
+            token = torch.where(alive, token, world.pad_id)
+            new.append(token)
+            alive = alive & ~torch.isin(token, eos_ids)
+            if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
+                break
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
+            if use_cache:
+                logits, cache = forward(model, token[:, None], attention_mask, cache)
+            else:
+                logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
+    completion = torch.stack(new, 1)                                     # [N, T]
+    is_eos = torch.isin(completion, eos_ids)
+    finished = is_eos.any(1)
+    # Mask: tokens up to and including the first EOS (all of them when truncated).
+    mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
+    completion = completion.masked_fill(~mask, world.pad_id)
+    entropy = torch.stack(entropy, 1) * mask if entropy else None
+    return Rollout(torch.cat([tokens, completion], 1), torch.cat([attention_mask[:, :P], mask.long()], 1),
+                   mask.float(), finished, entropy)
 
 
-def check_common_args(args, min_group_size=2):
-    """Checks shared by every script; each script checks its own hyperparameters too."""
-    for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size", "max_grad_norm"):
-        check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    check(args.group_size >= min_group_size, f"--group-size must be at least 2 (advantages compare completions "
-                                             f"within a group), got {args.group_size}")
-    check(args.max_new_tokens is None or args.max_new_tokens > 0,
-          f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
-    check(args.lr > 0, f"--lr must be positive, got {args.lr}")
-    check(args.eval_every >= 0, f"--eval-every must be 0 (only at start and end) or positive, got {args.eval_every}")
-    check(args.save_every >= 0, f"--save-every must be 0 (only at the end) or positive, got {args.save_every}")
-    n = args.prompts_per_step * args.group_size
-    check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
-                                     f"(--prompts-per-step x --group-size)")
-    check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
-    check(args.n_experts > 0 and args.expert_hidden > 0, "--n-experts and --expert-hidden must be positive")
-    check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
-          f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
-    check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
-    check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
-          f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
-
-
-# ----------------------------------------------------------------------------------------------
-# Seeds, devices
-# ----------------------------------------------------------------------------------------------
-
-def seed_everything(seed):
-    # Every random draw in this project (prompts, sampling, init) goes through torch's generators.
-    torch.manual_seed(seed)
-
-
-def pick_device(name):
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    check(not name.startswith("cuda") or torch.cuda.is_available(), "--device cuda asked for, but CUDA is not available")
-    check(name != "mps" or torch.backends.mps.is_available(), "--device mps asked for, but MPS is not available")
-    return torch.device(name)
+@contextlib.contextmanager
+def sampling_mode(model):
+    """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
+    transformers it would turn the KV cache off) and, on CUDA, one bf16 autocast context: autocast keeps
+    its bf16 copies of the weights only while its context is open, so one context per token would cast
+    every weight again for every token."""
+    was_training = model.training
+    model.eval()
+    set_replay(model, None)                             # sampling routes freely (Hugging Face models)
+    try:
+        with autocast(next(model.parameters()).device):
+            yield
+    finally:
+        model.train(was_training)
 
 
 def autocast(device):
@@ -118,8 +146,292 @@ def autocast(device):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
+def forward(model, tokens, attention_mask, cache=None):
+    """One forward pass for sampling, the toy MoE or a Hugging Face model alike: tokens [B, S] are the
+    new tokens, attention_mask [B, all tokens so far] (left padding). Returns the fp32 logits of the
+    last position [B, V] and the KV cache to pass to the next call."""
+    if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
+        cache = [None] * model.cfg.n_layers if cache is None else cache
+        return model(tokens, cache=cache)[0][:, -1].float(), cache
+    # Left padding: positions count only real tokens, so every prompt starts at position 0.
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
+    out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float(), out.cache
+
+
+def left_pad(prompts, pad_id):
+    P = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, P - len(p):], attention_mask[i, P - len(p):] = p, 1
+    return tokens, attention_mask
+
+
+def mask_logits(logits, world):
+    """PAD is never a real token: it must not be sampled, and log-probs use the same distribution.
+    Apply after dividing by the temperature: a finite minimum keeps 0 * log 0 = 0 in the entropy."""
+    if world.pad_id not in world.eos_ids:
+        logits[..., world.pad_id] = torch.finfo(logits.dtype).min
+    return logits
+
+
+def rewards_of(world, rollout, answers, group_size):
+    """Task reward of every completion [N]; `answers` has one entry per prompt. A reward function that
+    raises, or returns anything but a finite number, stops the run naming the prompt (a NaN reward would
+    make every advantage of its group NaN)."""
+    texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
+    rewards = []
+    for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist())):
+        try:
+            reward = world.reward(text, answers[i // group_size], bool(done))
+            problem = None if isinstance(reward, numbers.Real) and math.isfinite(reward) else \
+                f"returned {reward!r}, not a finite number"
+        except Exception as e:  # a user's reward function: say which prompt broke it
+            problem = f"raised {type(e).__name__}: {e}"
+        if problem:
+            P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+            prompt = world.decode(rollout.tokens[i, :P][rollout.attention_mask[i, :P].bool()].tolist())
+            raise UsageError(f"the reward function {problem} (prompt {prompt[-200:]!r}, completion {text[:200]!r})")
+        rewards.append(float(reward))
+    return torch.tensor(rewards, device=rollout.mask.device)
+
+
 # ----------------------------------------------------------------------------------------------
-# The toy world: character tokenizer, tasks with a verifiable reward
+# Log-probs of the sampled tokens, and the update's plumbing
+# ----------------------------------------------------------------------------------------------
+
+# Logits of this many (token, vocabulary) entries at a time: 64 MB in fp32. With Qwen3's 151,936-token
+# vocabulary that is 110 tokens a chunk; the toy's whole batch is one chunk.
+LOGITS_CHUNK = 2**24
+
+
+def logprobs(model, world, rollout, temperature, routing=None):
+    """Per-token log-probs of the sampled completion tokens under `model`, from logits / temperature
+    (the sampling distribution), in one forward pass. Returns logp [N, T] (0 on padding), the entropy of
+    the sampling distribution at each completion token [N, T] (no gradient; 0 on padding), the router's
+    choice at every input position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing
+    loss. `routing` (same shape) replays recorded experts: Routing Replay.
+
+    The full logits [N, T, V] are never held: with a real vocabulary they would be the largest tensor of
+    the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
+    of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
+    T, valid = rollout.mask.shape[1], rollout.mask.bool()
+    with autocast(rollout.tokens.device):
+        hidden, chosen, aux_loss = trunk(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], routing)
+        hidden, targets = hidden[:, -T:][valid], rollout.completions[valid]     # position P+t-1 predicts token t
+        chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
+        parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
+                 if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
+                 for h, y in zip(hidden.split(chunk), targets.split(chunk))]
+    zeros = torch.zeros(rollout.mask.shape, device=hidden.device)
+    logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
+    entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
+    return logp, entropy, chosen, aux_loss
+
+
+def token_logprobs(model, world, hidden, targets, temperature):
+    """hidden [n, D] -> log-prob of each target token [n] and the entropy of the distribution [n]."""
+    all_logp = F.log_softmax(mask_logits(head_logits(model, hidden) / temperature, world), dim=-1)    # [n, V]
+    with torch.no_grad():
+        entropy = -(all_logp.exp() * all_logp).sum(-1)
+    return all_logp.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+@torch.no_grad()
+def fixed_logprobs(model, world, rollout, temperature, chunks):
+    """Log-probs of a whole rollout batch under a policy that the update does not change: the old policy
+    (the weights that sampled the batch, before its first optimizer step) or the frozen reference. No
+    gradient; one forward per chunk of rows to bound memory. Returns logp [N, T], the entropy of that
+    policy's sampling distribution [N, T], and the routing of every position [L, N, P+T-1, k] (or None),
+    recorded for Routing Replay and for measuring how routing drifts during the update."""
+    parts = [logprobs(model, world, rollout[idx], temperature) for idx in minibatches(len(rollout.mask), chunks)]
+    routing = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), routing
+
+
+def trunk(model, tokens, attention_mask, routing=None):
+    """The forward pass for scoring, without the vocabulary head: the final hidden states [B, S, D],
+    the router's top-k choice [n_layers, B, S, k] (None for dense models) and the load-balancing loss
+    (or None). `routing` (same shape) replays recorded experts: Routing Replay."""
+    if isinstance(model, MoETransformer):
+        hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
+        return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    set_replay(model, routing)
+    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    chosen, aux_loss = recorded_routing(model, tokens.shape)
+    return out.last_hidden_state, chosen, aux_loss
+
+
+def output_head(model):
+    return model.head if isinstance(model, MoETransformer) else model.get_output_embeddings()
+
+
+def head_logits(model, hidden):
+    """The vocabulary head on final hidden states, as the model's own forward applies it, in fp32:
+    Granite divides the logits by a constant and Gemma soft-caps them; load_hf checks the result."""
+    logits = output_head(model)(hidden)
+    config = getattr(model, "config", None)
+    if getattr(config, "logits_scaling", None):
+        logits = logits / config.logits_scaling
+    if getattr(config, "final_logit_softcapping", None):
+        logits = torch.tanh(logits / config.final_logit_softcapping) * config.final_logit_softcapping
+    return logits.float()
+
+
+def minibatches(n, count):
+    """Contiguous index chunks of a rollout batch (whole groups stay together when count divides
+    the number of prompts)."""
+    return torch.arange(n).chunk(count)
+
+
+def optimizer_step(model, optimizer, loss, max_grad_norm):
+    """Backward, clip the gradient norm, step, unless the loss or the gradient is not finite: then
+    the update is skipped (the weights stay as they were) and counted. Returns metrics."""
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return {"grad_norm": float("nan"), "skipped_updates": 1}
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "skipped_updates": 1}
+    optimizer.step()
+    return {"grad_norm": grad_norm, "skipped_updates": 0}
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def frozen_copy(model):
+    """The frozen reference policy for a KL term."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Routing on Hugging Face Mixture-of-Experts models: record the experts each router really chose,
+# and replay recorded ones (Routing Replay)
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers has no shared router class, but every MoE family (Qwen2/3-MoE, Mixtral, OLMoE, GraniteMoE,
+# DeepSeek-V3, ...) has a router module, named in `_can_record_outputs["router_logits"]`, with `top_k` and
+# `num_experts` attributes and exactly one top-k over the experts with k = top_k in its forward. The gate
+# rules around that top-k differ (softmax then top-k, top-k then softmax, sigmoid + bias + group-limited
+# top-k), so instead of rewriting each router, that one call is intercepted while the router runs:
+# recording keeps its indices; replay returns the recorded indices with the current scores gathered at
+# them, and the family's own code turns those into gates, so the gates come from the current router and
+# the router keeps learning. Reading top-k of the router logits instead would be wrong for DeepSeek-V3.
+
+
+class RouterTopK(torch.overrides.TorchFunctionMode):
+    """Active while one router runs; catches its top-k over the experts."""
+
+    def __init__(self, router):
+        super().__init__()
+        self.router = router
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        k = args[1] if len(args) > 1 else kwargs.get("k")
+        if func not in (torch.topk, torch.Tensor.topk) or k != self.router.top_k \
+                or args[0].shape[-1] != self.router.num_experts:
+            return result
+        self.router.chosen = result.indices                 # what the router chooses now [tokens, k]
+        if self.router.replay is None:
+            return result
+        experts = self.router.replay.to(result.indices.device)
+        return torch.return_types.topk((args[0].gather(-1, experts), experts))
+
+
+def enter_router(router, args):
+    router.topk_mode.__enter__()
+
+
+def leave_router(router, args, output):
+    router.topk_mode.__exit__(None, None, None)
+    if isinstance(output, tuple) and router.chosen is not None:  # (router logits, gates, experts): logged only
+        with torch.no_grad():
+            router.aux_loss = load_balancing_loss(output[0][None], router.chosen[None])
+
+
+def routers(model):
+    """The router modules of a Hugging Face MoE model, in layer order ([] for a dense one)."""
+    target = getattr(model, "_can_record_outputs", None) or {}
+    target = target.get("router_logits")
+    cls = getattr(target, "target_class", target)
+    return [m for m in model.modules() if isinstance(cls, type) and isinstance(m, cls)
+            and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+def watch_routers(model):
+    """Install the interception on every router (hooks, so copies of the model keep working)."""
+    for router in routers(model):
+        router.topk_mode, router.replay, router.chosen, router.aux_loss = RouterTopK(router), None, None, None
+        router.register_forward_pre_hook(enter_router)
+        router.register_forward_hook(leave_router, always_call=True)
+    return model
+
+
+def set_replay(model, routing):
+    """Experts for the next forward passes to use, [n_layers, B, S, k], or None for free routing. They
+    stay set until the next call: activation checkpointing runs the forward again in the backward."""
+    for i, router in enumerate(routers(model)):
+        router.replay = None if routing is None else routing[i].reshape(-1, routing.shape[-1])
+        router.chosen = None
+
+
+def recorded_routing(model, shape):
+    """The experts the routers chose in the last forward pass [n_layers, B, S, k] and the mean
+    load-balancing loss, or (None, None) for a dense model or routers whose top-k was not seen."""
+    found = routers(model)
+    if not found or any(r.chosen is None for r in found):
+        return None, None
+    return (torch.stack([r.chosen.view(*shape, -1) for r in found]),
+            torch.stack([r.aux_loss for r in found]).mean())
+
+
+def load_balancing_loss(router_logits, chosen):
+    """Switch Transformer's auxiliary loss, averaged over layers: E * sum_e (share of the k slots sent to
+    expert e) * (mean router probability of e). router_logits [L, n, E], chosen [L, n, k]."""
+    E = router_logits.shape[-1]
+    share = F.one_hot(chosen, E).float().mean((1, 2))                   # [L, E]
+    return (E * share * router_logits.float().softmax(-1).mean(1)).sum(-1).mean()
+
+
+def is_toy_moe(model):
+    return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
+
+
+def check_replay(model):
+    """--routing-replay stops before training unless the model's routing can really be replayed: the toy
+    MoE, or a Hugging Face MoE model whose every router's top-k was caught, and whose log-probs under the
+    replay of its own choices are exactly those of free routing (a hub kernel that bypasses the router
+    module, for one, fails this)."""
+    if isinstance(model, MoETransformer):
+        check(is_toy_moe(model), "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
+                                 "is dense)")
+        return
+    name = type(model).__name__
+    check(routers(model), f"--routing-replay: no router module found in {name} (a dense model, or an MoE family "
+                          f"this code cannot replay)")
+    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
+    with torch.no_grad():
+        free, routing, _ = trunk(model, tokens, torch.ones_like(tokens))
+        check(routing is not None, f"--routing-replay: the routers of {name} do not make the top-k choice this "
+                                   f"code intercepts (a kernel may bypass them); it cannot be replayed")
+        replayed = trunk(model, tokens, torch.ones_like(tokens), routing)[0]
+    set_replay(model, None)
+    check(torch.equal(free, replayed), f"--routing-replay: replaying {name}'s own routing changes its output; "
+                                       f"it cannot be replayed")
+
+
+# ----------------------------------------------------------------------------------------------
+# The toy world: character tokenizer, tasks with a verifiable reward, the warm start
 # ----------------------------------------------------------------------------------------------
 
 TOY_VOCAB = ["<pad>", "<eos>"] + list("0123456789+=*,")
@@ -257,8 +569,147 @@ def warm_start(world, cfg, task, batch_size=256, lr=3e-3, aux_coef=0.01, seed=0)
 
 
 # ----------------------------------------------------------------------------------------------
-# Real models: a Hugging Face causal LM and a JSONL file of {"prompt", "answer"}
+# Real models and data: a Hugging Face causal LM, a JSONL file of {"prompt", "answer"}, the
+# answer reward, your own reward
 # ----------------------------------------------------------------------------------------------
+
+def make_policy(args, device):
+    """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
+    if args.model is None:
+        world = toy_world(args.task, args.eval_size, args.max_new_tokens)
+        world.reward = load_reward(args.reward) if args.reward else world.reward
+        cfg = toy_model_config(args, world)
+        model, path = warm_start(world, cfg, TASKS[args.task])
+        print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
+              f"warm-started base: {path}")
+        return training_mode(model.to(device), args.gradient_checkpointing), world
+    check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
+    rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
+    reward = load_reward(args.reward) if args.reward else None
+    model, tokenizer = load_hf(args.model, device)
+    world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
+    world.reward = reward or world.reward
+    model = training_mode(model, args.gradient_checkpointing)
+    check_scoring(model, args.model)
+    return model, world
+
+
+def training_mode(model, gradient_checkpointing):
+    """The update runs in training mode, the mode in which activation checkpointing acts, with every
+    dropout probability (and Mixtral's router jitter) set to 0: with dropout the ratio of unchanged
+    weights would not be 1. Sampling switches to eval mode on its own (sampling_mode)."""
+    for module in [*model.modules(), *([model.config] if hasattr(model, "config") else [])]:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, float) and ("dropout" in name or name == "jitter_noise" or name == "p"
+                                             and isinstance(module, torch.nn.Dropout)):
+                setattr(module, name, 0.0)
+    if gradient_checkpointing and isinstance(model, MoETransformer):
+        model.gradient_checkpointing = True
+    elif gradient_checkpointing:
+        model.activation_checkpointing_enable()  # transformers 5.24's name (gradient_checkpointing_enable: deprecated)
+    return model.train()
+
+
+@torch.no_grad()
+def check_scoring(model, name):
+    """One short forward, two ways: the log-prob path (trunk and head apart, training mode) must give the
+    model's own logits in eval mode. It would not for a head transform this code does not know, or for
+    dropout or noise that training_mode could not turn off; better to stop than to train on wrong ratios."""
+    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
+    model.eval()
+    expected = model(input_ids=tokens).logits.float()
+    model.train()
+    got = head_logits(model, trunk(model, tokens, torch.ones_like(tokens))[0])
+    check(torch.allclose(got, expected, rtol=1e-4, atol=1e-4),
+          f"--model {name}: its logits cannot be reproduced from its hidden states and output embeddings "
+          f"(largest difference {(got - expected).abs().max().item():.2g}); this model is not supported")
+
+
+def load_hf(name, device):
+    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = os.path.expanduser(name)
+    if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
+        check(not os.path.exists(path), f"--model {name}: not a folder")
+        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
+    else:
+        check(os.path.isfile(os.path.join(path, "config.json")),
+              f"--model {name}: no config.json in that folder, so not a Hugging Face model")
+    name = path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return watch_routers(model.to(device)), tokenizer
+
+
+def read_jsonl(path):
+    check(os.path.isfile(path), f"--data {path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
+            check(isinstance(row, dict) and "prompt" in row and "answer" in row,
+                  f"--data {path}, line {n}: each line needs a \"prompt\" and an \"answer\" field")
+            check(isinstance(row["prompt"], str) and row["prompt"].strip(),
+                  f"--data {path}, line {n}: \"prompt\" must be a non-empty string")
+            rows.append((row["prompt"], str(row["answer"])))
+    check(rows, f"--data {path}: the file holds no rows")
+    return rows
+
+
+def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
+    def encode(prompt):
+        if tokenizer.chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+        return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
+    rows = [(encode(p), a) for p, a in rows]
+    max_new_tokens = max_new_tokens or 256
+    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    for n, (ids, _) in enumerate(rows, 1):
+        check(len(ids) + max_new_tokens <= max_context,
+              f"--data {data}, row {n}: prompt of {len(ids)} tokens + --max-new-tokens {max_new_tokens} "
+              f"is longer than the model's context of {max_context} tokens")
+    train, held_out = split_eval(rows, eval_size)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    # A chat model often ends its turn with another token than the tokenizer's EOS (Qwen: <|im_end|>); its
+    # generation config lists every end id. Stopping on one id only would run every completion to the limit.
+    ends = getattr(model.generation_config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    eos_ids = tuple(dict.fromkeys([tokenizer.eos_token_id, *ends]))
+    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens)
+
+
+def load_reward(spec):
+    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py."""
+    import importlib.util
+    import inspect
+    path, _, name = spec.rpartition(":")
+    check(path and name, f"--reward {spec}: give FILE.py:NAME, a file and the name of the function in it")
+    check(os.path.isfile(path), f"--reward {spec}: no such file {path}")
+    try:
+        module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise UsageError(f"--reward {spec}: importing {path} raised {type(e).__name__}: {e}") from None
+    reward = getattr(module, name, None)
+    check(callable(reward), f"--reward {spec}: {path} has no function {name}")
+    try:
+        inspect.signature(reward).bind("completion", "answer", True)
+    except (TypeError, ValueError):
+        raise UsageError(f"--reward {spec}: {name} must take three arguments (completion, answer, finished)") from None
+    return reward
+
 
 # The default reward with --data: read a completion's final answer the way math RL data sets write it,
 # compare it with the reference exactly, as numbers where both read as numbers (fractions.Fraction:
@@ -346,536 +797,8 @@ def answer_reward(completion, answer, finished):
     return float(normalise(got) == normalise(want))
 
 
-def read_jsonl(path):
-    check(os.path.isfile(path), f"--data {path}: no such file")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
-            check(isinstance(row, dict) and "prompt" in row and "answer" in row,
-                  f"--data {path}, line {n}: each line needs a \"prompt\" and an \"answer\" field")
-            check(isinstance(row["prompt"], str) and row["prompt"].strip(),
-                  f"--data {path}, line {n}: \"prompt\" must be a non-empty string")
-            rows.append((row["prompt"], str(row["answer"])))
-    check(rows, f"--data {path}: the file holds no rows")
-    return rows
-
-
-def load_hf(name, device):
-    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = os.path.expanduser(name)
-    if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
-        check(not os.path.exists(path), f"--model {name}: not a folder")
-        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
-    else:
-        check(os.path.isfile(os.path.join(path, "config.json")),
-              f"--model {name}: no config.json in that folder, so not a Hugging Face model")
-    name = path
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return watch_routers(model.to(device)), tokenizer
-
-
-def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
-    def encode(prompt):
-        if tokenizer.chat_template:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                   add_generation_prompt=True)
-        return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
-    rows = [(encode(p), a) for p, a in rows]
-    max_new_tokens = max_new_tokens or 256
-    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    for n, (ids, _) in enumerate(rows, 1):
-        check(len(ids) + max_new_tokens <= max_context,
-              f"--data {data}, row {n}: prompt of {len(ids)} tokens + --max-new-tokens {max_new_tokens} "
-              f"is longer than the model's context of {max_context} tokens")
-    train, held_out = split_eval(rows, eval_size)
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-    # A chat model often ends its turn with another token than the tokenizer's EOS (Qwen: <|im_end|>); its
-    # generation config lists every end id. Stopping on one id only would run every completion to the limit.
-    ends = getattr(model.generation_config, "eos_token_id", None)
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-    eos_ids = tuple(dict.fromkeys([tokenizer.eos_token_id, *ends]))
-    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens)
-
-
-def load_reward(spec):
-    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py."""
-    import importlib.util
-    import inspect
-    path, _, name = spec.rpartition(":")
-    check(path and name, f"--reward {spec}: give FILE.py:NAME, a file and the name of the function in it")
-    check(os.path.isfile(path), f"--reward {spec}: no such file {path}")
-    try:
-        module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise UsageError(f"--reward {spec}: importing {path} raised {type(e).__name__}: {e}") from None
-    reward = getattr(module, name, None)
-    check(callable(reward), f"--reward {spec}: {path} has no function {name}")
-    try:
-        inspect.signature(reward).bind("completion", "answer", True)
-    except (TypeError, ValueError):
-        raise UsageError(f"--reward {spec}: {name} must take three arguments (completion, answer, finished)") from None
-    return reward
-
-
-def make_policy(args, device):
-    """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
-    if args.model is None:
-        world = toy_world(args.task, args.eval_size, args.max_new_tokens)
-        world.reward = load_reward(args.reward) if args.reward else world.reward
-        cfg = toy_model_config(args, world)
-        model, path = warm_start(world, cfg, TASKS[args.task])
-        print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
-              f"warm-started base: {path}")
-        return training_mode(model.to(device), args.gradient_checkpointing), world
-    check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
-    rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
-    reward = load_reward(args.reward) if args.reward else None
-    model, tokenizer = load_hf(args.model, device)
-    world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
-    world.reward = reward or world.reward
-    model = training_mode(model, args.gradient_checkpointing)
-    check_scoring(model, args.model)
-    return model, world
-
-
-def training_mode(model, gradient_checkpointing):
-    """The update runs in training mode, the mode in which activation checkpointing acts, with every
-    dropout probability (and Mixtral's router jitter) set to 0: with dropout the ratio of unchanged
-    weights would not be 1. Sampling switches to eval mode on its own (sampling_mode)."""
-    for module in [*model.modules(), *([model.config] if hasattr(model, "config") else [])]:
-        for name, value in list(vars(module).items()):
-            if isinstance(value, float) and ("dropout" in name or name == "jitter_noise" or name == "p"
-                                             and isinstance(module, torch.nn.Dropout)):
-                setattr(module, name, 0.0)
-    if gradient_checkpointing and isinstance(model, MoETransformer):
-        model.gradient_checkpointing = True
-    elif gradient_checkpointing:
-        model.activation_checkpointing_enable()  # transformers 5.24's name (gradient_checkpointing_enable: deprecated)
-    return model.train()
-
-
-@torch.no_grad()
-def check_scoring(model, name):
-    """One short forward, two ways: the log-prob path (trunk and head apart, training mode) must give the
-    model's own logits in eval mode. It would not for a head transform this code does not know, or for
-    dropout or noise that training_mode could not turn off; better to stop than to train on wrong ratios."""
-    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
-    model.eval()
-    expected = model(input_ids=tokens).logits.float()
-    model.train()
-    got = head_logits(model, trunk(model, tokens, torch.ones_like(tokens))[0])
-    check(torch.allclose(got, expected, rtol=1e-4, atol=1e-4),
-          f"--model {name}: its logits cannot be reproduced from its hidden states and output embeddings "
-          f"(largest difference {(got - expected).abs().max().item():.2g}); this model is not supported")
-
-
-def frozen_copy(model):
-    """The frozen reference policy for a KL term."""
-    return copy.deepcopy(model).eval().requires_grad_(False)
-
-
-def make_critic(policy):
-    """PPO's value model: the policy's architecture and weights (warm-started), with the vocabulary
-    head swapped for a scalar one, initialised to 0 so the first values are 0."""
-    critic = copy.deepcopy(policy)
-    if not isinstance(critic, MoETransformer):
-        critic.config.tie_word_embeddings = False   # else a later tie_weights() would put the vocabulary head back
-    head = critic.head if isinstance(critic, MoETransformer) else critic.get_output_embeddings()
-    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)  # the trunk's dtype
-    torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
-    if isinstance(critic, MoETransformer):
-        critic.head = value_head
-    else:
-        critic.set_output_embeddings(value_head)
-    return critic
-
-
-def values(critic, rollout):
-    """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
-    T = rollout.mask.shape[1]
-    with autocast(rollout.tokens.device):
-        hidden = trunk(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1])[0][:, -T:]
-        out = output_head(critic)(hidden).float()
-    assert out.shape[-1] == 1, "the critic's head must be scalar"
-    return out[..., 0] * rollout.mask
-
-
-def peak_memory_mb(device):
-    """Peak memory of this process: allocated by torch on CUDA, resident set size elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # Linux reports KiB
-
-
 # ----------------------------------------------------------------------------------------------
-# Routing on Hugging Face Mixture-of-Experts models: record the experts each router really chose, and
-# replay recorded ones (Routing Replay)
-# ----------------------------------------------------------------------------------------------
-# transformers has no shared router class, but every MoE family (Qwen2/3-MoE, Mixtral, OLMoE, GraniteMoE,
-# DeepSeek-V3, ...) has a router module, named in `_can_record_outputs["router_logits"]`, with `top_k` and
-# `num_experts` attributes and exactly one top-k over the experts with k = top_k in its forward. The gate
-# rules around that top-k differ (softmax then top-k, top-k then softmax, sigmoid + bias + group-limited
-# top-k), so instead of rewriting each router, that one call is intercepted while the router runs:
-# recording keeps its indices; replay returns the recorded indices with the current scores gathered at
-# them, and the family's own code turns those into gates, so the gates come from the current router and
-# the router keeps learning. Reading top-k of the router logits instead would be wrong for DeepSeek-V3.
-
-class RouterTopK(torch.overrides.TorchFunctionMode):
-    """Active while one router runs; catches its top-k over the experts."""
-
-    def __init__(self, router):
-        super().__init__()
-        self.router = router
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        k = args[1] if len(args) > 1 else kwargs.get("k")
-        if func not in (torch.topk, torch.Tensor.topk) or k != self.router.top_k \
-                or args[0].shape[-1] != self.router.num_experts:
-            return result
-        self.router.chosen = result.indices                 # what the router chooses now [tokens, k]
-        if self.router.replay is None:
-            return result
-        experts = self.router.replay.to(result.indices.device)
-        return torch.return_types.topk((args[0].gather(-1, experts), experts))
-
-
-def enter_router(router, args):
-    router.topk_mode.__enter__()
-
-
-def leave_router(router, args, output):
-    router.topk_mode.__exit__(None, None, None)
-    if isinstance(output, tuple) and router.chosen is not None:  # (router logits, gates, experts): logged only
-        with torch.no_grad():
-            router.aux_loss = load_balancing_loss(output[0][None], router.chosen[None])
-
-
-def routers(model):
-    """The router modules of a Hugging Face MoE model, in layer order ([] for a dense one)."""
-    target = getattr(model, "_can_record_outputs", None) or {}
-    target = target.get("router_logits")
-    cls = getattr(target, "target_class", target)
-    return [m for m in model.modules() if isinstance(cls, type) and isinstance(m, cls)
-            and hasattr(m, "top_k") and hasattr(m, "num_experts")]
-
-
-def watch_routers(model):
-    """Install the interception on every router (hooks, so copies of the model keep working)."""
-    for router in routers(model):
-        router.topk_mode, router.replay, router.chosen, router.aux_loss = RouterTopK(router), None, None, None
-        router.register_forward_pre_hook(enter_router)
-        router.register_forward_hook(leave_router, always_call=True)
-    return model
-
-
-def set_replay(model, routing):
-    """Experts for the next forward passes to use, [n_layers, B, S, k], or None for free routing. They
-    stay set until the next call: activation checkpointing runs the forward again in the backward."""
-    for i, router in enumerate(routers(model)):
-        router.replay = None if routing is None else routing[i].reshape(-1, routing.shape[-1])
-        router.chosen = None
-
-
-def recorded_routing(model, shape):
-    """The experts the routers chose in the last forward pass [n_layers, B, S, k] and the mean
-    load-balancing loss, or (None, None) for a dense model or routers whose top-k was not seen."""
-    found = routers(model)
-    if not found or any(r.chosen is None for r in found):
-        return None, None
-    return (torch.stack([r.chosen.view(*shape, -1) for r in found]),
-            torch.stack([r.aux_loss for r in found]).mean())
-
-
-def is_toy_moe(model):
-    return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
-
-
-def check_replay(model):
-    """--routing-replay stops before training unless the model's routing can really be replayed: the toy
-    MoE, or a Hugging Face MoE model whose every router's top-k was caught, and whose log-probs under the
-    replay of its own choices are exactly those of free routing (a hub kernel that bypasses the router
-    module, for one, fails this)."""
-    if isinstance(model, MoETransformer):
-        check(is_toy_moe(model), "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
-                                 "is dense)")
-        return
-    name = type(model).__name__
-    check(routers(model), f"--routing-replay: no router module found in {name} (a dense model, or an MoE family "
-                          f"this code cannot replay)")
-    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
-    with torch.no_grad():
-        free, routing, _ = trunk(model, tokens, torch.ones_like(tokens))
-        check(routing is not None, f"--routing-replay: the routers of {name} do not make the top-k choice this "
-                                   f"code intercepts (a kernel may bypass them); it cannot be replayed")
-        replayed = trunk(model, tokens, torch.ones_like(tokens), routing)[0]
-    set_replay(model, None)
-    check(torch.equal(free, replayed), f"--routing-replay: replaying {name}'s own routing changes its output; "
-                                       f"it cannot be replayed")
-
-
-# ----------------------------------------------------------------------------------------------
-# Forward pass, sampling with a KV cache, per-token log-probs
-# ----------------------------------------------------------------------------------------------
-
-def forward(model, tokens, attention_mask, cache=None):
-    """One forward pass for sampling, the toy MoE or a Hugging Face model alike: tokens [B, S] are the
-    new tokens, attention_mask [B, all tokens so far] (left padding). Returns the fp32 logits of the
-    last position [B, V] and the KV cache to pass to the next call."""
-    if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
-        cache = [None] * model.cfg.n_layers if cache is None else cache
-        return model(tokens, cache=cache)[0][:, -1].float(), cache
-    # Left padding: positions count only real tokens, so every prompt starts at position 0.
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
-    out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1].float(), out.cache
-
-
-def trunk(model, tokens, attention_mask, routing=None):
-    """The forward pass for scoring, without the vocabulary head: the final hidden states [B, S, D],
-    the router's top-k choice [n_layers, B, S, k] (None for dense models) and the load-balancing loss
-    (or None). `routing` (same shape) replays recorded experts: Routing Replay."""
-    if isinstance(model, MoETransformer):
-        hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
-        return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    set_replay(model, routing)
-    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-    chosen, aux_loss = recorded_routing(model, tokens.shape)
-    return out.last_hidden_state, chosen, aux_loss
-
-
-def load_balancing_loss(router_logits, chosen):
-    """Switch Transformer's auxiliary loss, averaged over layers: E * sum_e (share of the k slots sent to
-    expert e) * (mean router probability of e). router_logits [L, n, E], chosen [L, n, k]."""
-    E = router_logits.shape[-1]
-    share = F.one_hot(chosen, E).float().mean((1, 2))                   # [L, E]
-    return (E * share * router_logits.float().softmax(-1).mean(1)).sum(-1).mean()
-
-
-def output_head(model):
-    return model.head if isinstance(model, MoETransformer) else model.get_output_embeddings()
-
-
-def head_logits(model, hidden):
-    """The vocabulary head on final hidden states, as the model's own forward applies it, in fp32:
-    Granite divides the logits by a constant and Gemma soft-caps them; load_hf checks the result."""
-    logits = output_head(model)(hidden)
-    config = getattr(model, "config", None)
-    if getattr(config, "logits_scaling", None):
-        logits = logits / config.logits_scaling
-    if getattr(config, "final_logit_softcapping", None):
-        logits = torch.tanh(logits / config.final_logit_softcapping) * config.final_logit_softcapping
-    return logits.float()
-
-
-@dataclass
-class Rollout:
-    """G completions for each of a batch of prompts. Prompts are left-padded to one length P so
-    that completion token t sits at column P + t of `tokens` for every row."""
-    tokens: torch.Tensor          # [N, P + T] prompt then completion, completion padded after EOS
-    attention_mask: torch.Tensor  # [N, P + T] 0 on left padding of the prompt
-    mask: torch.Tensor            # [N, T] 1 on completion tokens up to and including the first EOS
-    finished: torch.Tensor        # [N] bool, the completion ended with EOS (not truncated)
-
-    def __getitem__(self, idx):
-        return Rollout(self.tokens[idx], self.attention_mask[idx], self.mask[idx], self.finished[idx])
-
-    @property
-    def completions(self):
-        return self.tokens[:, self.tokens.shape[1] - self.mask.shape[1]:]
-
-
-def cat_rollouts(rollouts, pad_id):
-    """One rollout from several (Dynamic Sampling keeps groups from several generation rounds):
-    prompts left-padded to the longest, completions right-padded to the longest."""
-    P = max(r.tokens.shape[1] - r.mask.shape[1] for r in rollouts)
-    T = max(r.mask.shape[1] for r in rollouts)
-    padded = []
-    for r in rollouts:
-        p, t = r.tokens.shape[1] - r.mask.shape[1], r.mask.shape[1]
-        padded.append(Rollout(F.pad(r.tokens, (P - p, T - t), value=pad_id), F.pad(r.attention_mask, (P - p, T - t)),
-                              F.pad(r.mask, (0, T - t)), r.finished))
-    return Rollout(*(torch.cat([getattr(r, f.name) for r in padded]) for f in dataclasses.fields(Rollout)))
-
-
-def left_pad(prompts, pad_id):
-    P = max(len(p) for p in prompts)
-    tokens = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), P), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        tokens[i, P - len(p):], attention_mask[i, P - len(p):] = p, 1
-    return tokens, attention_mask
-
-
-def mask_logits(logits, world):
-    """PAD is never a real token: it must not be sampled, and log-probs use the same distribution.
-    Apply after dividing by the temperature: a finite minimum keeps 0 * log 0 = 0 in the entropy."""
-    if world.pad_id not in world.eos_ids:
-        logits[..., world.pad_id] = torch.finfo(logits.dtype).min
-    return logits
-
-
-@contextlib.contextmanager
-def sampling_mode(model):
-    """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
-    transformers it would turn the KV cache off) and, on CUDA, one bf16 autocast context: autocast keeps
-    its bf16 copies of the weights only while its context is open, so one context per token would cast
-    every weight again for every token."""
-    was_training = model.training
-    model.eval()
-    set_replay(model, None)                             # sampling routes freely (Hugging Face models)
-    try:
-        with autocast(next(model.parameters()).device):
-            yield
-    finally:
-        model.train(was_training)
-
-
-@torch.no_grad()
-def generate(model, world, prompts, group_size, temperature, greedy=False, use_cache=True):
-    """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
-    Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g. use_cache=False runs
-    the whole sequence again for every new token (what the cache saves; benchmarks/speed.py)."""
-    device = next(model.parameters()).device
-    tokens, attention_mask = left_pad([p for p in prompts for _ in range(group_size)], world.pad_id)
-    tokens, attention_mask = tokens.to(device), attention_mask.to(device)
-    N, P = tokens.shape
-    new, alive = [], torch.ones(N, dtype=torch.bool, device=device)
-    eos_ids = torch.tensor(world.eos_ids, device=device)
-    with sampling_mode(model):
-        logits, cache = forward(model, tokens, attention_mask)
-        for t in range(world.max_new_tokens):
-            next_logits = mask_logits(logits / temperature, world)
-            if greedy:
-                token = next_logits.argmax(-1)
-            else:
-                token = torch.multinomial(F.softmax(next_logits, dim=-1), 1).squeeze(1)
-            token = torch.where(alive, token, world.pad_id)
-            new.append(token)
-            alive = alive & ~torch.isin(token, eos_ids)
-            if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
-                break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-            if use_cache:
-                logits, cache = forward(model, token[:, None], attention_mask, cache)
-            else:
-                logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
-    completion = torch.stack(new, 1)                                     # [N, T]
-    is_eos = torch.isin(completion, eos_ids)
-    finished = is_eos.any(1)
-    # Mask: tokens up to and including the first EOS (all of them when truncated).
-    mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
-    completion = completion.masked_fill(~mask, world.pad_id)
-    return Rollout(torch.cat([tokens, completion], 1), torch.cat([attention_mask[:, :P], mask.long()], 1),
-                   mask.float(), finished)
-
-
-def rewards_of(world, rollout, answers, group_size):
-    """Task reward of every completion [N]; `answers` has one entry per prompt. A reward function that
-    raises, or returns anything but a finite number, stops the run naming the prompt (a NaN reward would
-    make every advantage of its group NaN)."""
-    texts = [world.decode(c[m.bool()].tolist()) for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
-    rewards = []
-    for i, (text, done) in enumerate(zip(texts, rollout.finished.tolist())):
-        try:
-            reward = world.reward(text, answers[i // group_size], bool(done))
-            problem = None if isinstance(reward, numbers.Real) and math.isfinite(reward) else \
-                f"returned {reward!r}, not a finite number"
-        except Exception as e:  # a user's reward function: say which prompt broke it
-            problem = f"raised {type(e).__name__}: {e}"
-        if problem:
-            P = rollout.tokens.shape[1] - rollout.mask.shape[1]
-            prompt = world.decode(rollout.tokens[i, :P][rollout.attention_mask[i, :P].bool()].tolist())
-            raise UsageError(f"the reward function {problem} (prompt {prompt[-200:]!r}, completion {text[:200]!r})")
-        rewards.append(float(reward))
-    return torch.tensor(rewards, device=rollout.mask.device)
-
-
-# Logits of this many (token, vocabulary) entries at a time: 64 MB in fp32. With Qwen3's 151,936-token
-# vocabulary that is 110 tokens a chunk; the toy's whole batch is one chunk.
-LOGITS_CHUNK = 2**24
-
-
-def logprobs(model, world, rollout, temperature, routing=None):
-    """Per-token log-probs of the sampled completion tokens under `model`, from logits / temperature
-    (the sampling distribution), in one forward pass. Returns logp [N, T] (0 on padding), the entropy of
-    the sampling distribution at each completion token [N, T] (no gradient; 0 on padding), the router's
-    choice at every input position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing
-    loss. `routing` (same shape) replays recorded experts: Routing Replay.
-
-    The full logits [N, T, V] are never held: with a real vocabulary they would be the largest tensor of
-    the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
-    of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
-    T, valid = rollout.mask.shape[1], rollout.mask.bool()
-    with autocast(rollout.tokens.device):
-        hidden, chosen, aux_loss = trunk(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], routing)
-        hidden, targets = hidden[:, -T:][valid], rollout.completions[valid]     # position P+t-1 predicts token t
-        chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
-        parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
-                 if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
-                 for h, y in zip(hidden.split(chunk), targets.split(chunk))]
-    zeros = torch.zeros(rollout.mask.shape, device=hidden.device)
-    logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
-    entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
-    return logp, entropy, chosen, aux_loss
-
-
-def token_logprobs(model, world, hidden, targets, temperature):
-    """hidden [n, D] -> log-prob of each target token [n] and the entropy of the distribution [n]."""
-    all_logp = F.log_softmax(mask_logits(head_logits(model, hidden) / temperature, world), dim=-1)    # [n, V]
-    with torch.no_grad():
-        entropy = -(all_logp.exp() * all_logp).sum(-1)
-    return all_logp.gather(-1, targets[:, None]).squeeze(-1), entropy
-
-
-@torch.no_grad()
-def old_logprobs(model, world, rollout, temperature, chunks):
-    """Log-probs of a whole rollout batch under a fixed policy (old or reference), one forward per
-    chunk to bound memory. Returns logp [N, T], the entropy of that policy's sampling distribution
-    [N, T], and the routing of every position [L, N, P+T-1, k] (or None), recorded for Routing
-    Replay and for measuring how routing drifts during the update."""
-    parts = [logprobs(model, world, rollout[idx], temperature) for idx in minibatches(len(rollout.mask), chunks)]
-    routing = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), routing
-
-
-def minibatches(n, count):
-    """Contiguous index chunks of a rollout batch (whole groups stay together when count divides
-    the number of prompts)."""
-    return torch.arange(n).chunk(count)
-
-
-def experts_changed(routing, old_routing, T):
-    """[L, N, T] bool: the top-k expert set differs from the recorded one, at the positions that
-    predict the T completion tokens. routing, old_routing [L, N, P+T-1, k]."""
-    return (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)
-
-
-def routing_drift(routing, old_routing, mask):
-    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one."""
-    return masked_mean(experts_changed(routing, old_routing, mask.shape[1]).float().mean(0), mask).item()
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation, logging
+# Metrics
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -889,31 +812,12 @@ def evaluate(model, world, batch_size=512):
     return correct / len(world.eval)
 
 
-def masked_mean(x, mask):
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
-def optimizer_step(model, optimizer, loss, max_grad_norm):
-    """Backward, clip the gradient norm, step, unless the loss or the gradient is not finite: then
-    the update is skipped (the weights stay as they were) and counted. Returns metrics."""
-    optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
-        return {"grad_norm": float("nan"), "skipped_updates": 1}
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
-    if not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm, "skipped_updates": 1}
-    optimizer.step()
-    return {"grad_norm": grad_norm, "skipped_updates": 0}
-
-
-def rollout_metrics(rewards, rollout, entropy):
-    """What the sampled completions looked like; `entropy` [N, T] is the sampling distribution's."""
+def rollout_metrics(rewards, rollout):
+    """What the sampled completions looked like, and the entropy of the distribution they came from."""
     return {"reward_mean": rewards.mean().item(), "accuracy": (rewards == 1).float().mean().item(),
             "response_len_mean": rollout.mask.sum(1).mean().item(),
             "truncated_frac": 1 - rollout.finished.float().mean().item(),
-            "entropy": masked_mean(entropy, rollout.mask).item()}
+            "entropy": masked_mean(rollout.entropy, rollout.mask).item()}
 
 
 def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
@@ -936,6 +840,17 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
                           "load_balancing_loss": float("nan") if aux_loss is None else aux_loss.item()}
 
 
+def experts_changed(routing, old_routing, T):
+    """[L, N, T] bool: the top-k expert set differs from the recorded one, at the positions that
+    predict the T completion tokens. routing, old_routing [L, N, P+T-1, k]."""
+    return (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)
+
+
+def routing_drift(routing, old_routing, mask):
+    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one."""
+    return masked_mean(experts_changed(routing, old_routing, mask.shape[1]).float().mean(0), mask).item()
+
+
 def mean_metrics(per_minibatch):
     """Average metric dicts (one per minibatch) key by key over their finite values (a skipped
     update's NaN is left out); skipped_updates is a count, so it is summed."""
@@ -947,6 +862,83 @@ def mean_metrics(per_minibatch):
         else:
             out[k] = sum(values) / len(values) if values else None   # None: every minibatch was skipped
     return out
+
+
+def peak_memory_mb(device):
+    """Peak memory of this process: allocated by torch on CUDA, resident set size elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: a dataclass of arguments becomes an argparse parser; seeds, devices
+# ----------------------------------------------------------------------------------------------
+
+def arg(default, help):
+    """A dataclass field with its --help text: `lr: float = arg(1e-4, "AdamW learning rate")`."""
+    return field(default=default, metadata={"help": help})
+
+
+def parse_args(cls, doc, argv=None):
+    """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`,
+    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag, kind, help = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
+        if kind is bool:
+            if f.default:
+                parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=help)
+            else:
+                parser.add_argument(flag, dest=f.name, action="store_true", help=help)
+            continue
+        if typing.get_origin(kind) is typing.Union:  # Optional[int] -> int
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
+        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
+                            help=f"{help} (default: {f.default})")
+    return cls(**vars(parser.parse_args(argv)))
+
+
+def check_common_args(args, min_group_size=2):
+    """Checks shared by every script; each script checks its own hyperparameters too."""
+    for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size", "max_grad_norm"):
+        check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check(args.group_size >= min_group_size, f"--group-size must be at least 2 (advantages compare completions "
+                                             f"within a group), got {args.group_size}")
+    check(args.max_new_tokens is None or args.max_new_tokens > 0,
+          f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
+    check(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    check(args.eval_every >= 0, f"--eval-every must be 0 (only at start and end) or positive, got {args.eval_every}")
+    check(args.save_every >= 0, f"--save-every must be 0 (only at the end) or positive, got {args.save_every}")
+    n = args.prompts_per_step * args.group_size
+    check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
+                                     f"(--prompts-per-step x --group-size)")
+    check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
+    check(args.n_experts > 0 and args.expert_hidden > 0, "--n-experts and --expert-hidden must be positive")
+    check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
+          f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
+    check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
+    check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
+          f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
+
+
+def seed_everything(seed):
+    # Every random draw in this project (prompts, sampling, init) goes through torch's generators.
+    torch.manual_seed(seed)
+
+
+def pick_device(name):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    check(not name.startswith("cuda") or torch.cuda.is_available(), "--device cuda asked for, but CUDA is not available")
+    check(name != "mps" or torch.backends.mps.is_available(), "--device mps asked for, but MPS is not available")
+    return torch.device(name)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
@@ -165,6 +166,19 @@ def sample_groups(policy, world, args):
     return rollout, rewards, task_rewards
 
 
+def cat_rollouts(rollouts, pad_id):
+    """One rollout from several generation rounds: prompts left-padded to the longest, completions
+    right-padded to the longest."""
+    P = max(r.tokens.shape[1] - r.mask.shape[1] for r in rollouts)
+    T = max(r.mask.shape[1] for r in rollouts)
+    padded = []
+    for r in rollouts:
+        p, t = r.tokens.shape[1] - r.mask.shape[1], r.mask.shape[1]
+        padded.append([F.pad(r.tokens, (P - p, T - t), value=pad_id), F.pad(r.attention_mask, (P - p, T - t)),
+                       F.pad(r.mask, (0, T - t)), r.finished, F.pad(r.entropy, (0, T - t))])
+    return common.Rollout(*(torch.cat(field) for field in zip(*padded)))
+
+
 def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
     """Call `sample()` (one generation round) until `prompts_per_step` groups with unequal rewards are
     kept or `max_rounds` rounds are spent. Returns the kept rollout, its rewards and task rewards, and
@@ -186,7 +200,7 @@ def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
         tqdm.write(f"Dynamic Sampling: {n_kept} of {prompts_per_step} informative groups after {rounds} rounds "
                    f"(--max-generation-rounds); training on those")
     n = min(n_kept, prompts_per_step) * group_size                        # the surplus of the last round goes
-    rollout = common.cat_rollouts([r for r, _, _ in kept], pad_id)[:n]
+    rollout = cat_rollouts([r for r, _, _ in kept], pad_id)[:n]
     rewards, task_rewards = torch.cat([r for _, r, _ in kept])[:n], torch.cat([t for _, _, t in kept])[:n]
     seen_rewards, seen_finished = torch.cat([r for r, _ in seen]), torch.cat([f for _, f in seen])
     return rollout, rewards, task_rewards, {
@@ -226,8 +240,8 @@ def train(args):
             (rollout, rewards, task_rewards), sampling = sample_groups(policy, world, args), {}
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        on_policy = args.minibatches == 1      # one optimizer step: the old policy is the current one
-        old_logp, entropy, old_routing = (None, None, None) if on_policy else common.old_logprobs(
+        on_policy = args.minibatches == 1      # one optimizer step per rollout batch: no separate pass
+        old_logp, _, old_routing = (None, None, None) if on_policy else common.fixed_logprobs(
             policy, world, rollout, args.temperature, args.minibatches)
         t2 = time.perf_counter()
 
@@ -235,22 +249,24 @@ def train(args):
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                                   recorded if args.routing_replay else None)
-            if on_policy:                      # the old log-probs are these, detached: ratio exactly 1, no drift
-                old_logp, entropy, recorded = logp.detach(), new_entropy, routing
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                         recorded if args.routing_replay else None)
+            # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
+            # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
+            old = logp.detach() if on_policy else old_logp[idx]
+            recorded = routing if on_policy else recorded
             mask = rollout.mask[idx]
             if args.overlong_filtering:                                         # truncated: out of the loss
                 mask = mask * rollout.finished[idx, None]
-            loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], mask, args.clip_eps_low,
+            loss, metrics = policy_loss(logp, old, advantages[idx], mask, args.clip_eps_low,
                                         clip_eps_high, args.token_level_loss)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, recorded,
                                                         aux_loss))
         t3 = time.perf_counter()
 
         # ------------------------------------------------------------ log
-        record = {"step": step, **common.rollout_metrics(task_rewards, rollout, entropy), **common.mean_metrics(stats),
+        record = {"step": step, **common.rollout_metrics(task_rewards, rollout), **common.mean_metrics(stats),
                   **sampling, "shaped_reward_mean": rewards.mean().item(),
                   "overlong_punished_frac": (rewards < task_rewards).float().mean().item(),
                   "step_time_s": t3 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,

@@ -142,11 +142,11 @@ def train(args):
         rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        on_policy = args.minibatches == 1      # one optimizer step: the old policy is the current one
-        old_logp, entropy, old_routing = (None, None, None) if on_policy else common.old_logprobs(
+        on_policy = args.minibatches == 1      # one optimizer step per rollout batch: no separate pass
+        old_logp, _, old_routing = (None, None, None) if on_policy else common.fixed_logprobs(
             policy, world, rollout, args.temperature, args.minibatches)
         t2 = time.perf_counter()
-        ref_logp = None if ref is None else common.old_logprobs(ref, world, rollout, args.temperature,
+        ref_logp = None if ref is None else common.fixed_logprobs(ref, world, rollout, args.temperature,
                                                                 args.minibatches)[0]
         t3 = time.perf_counter()
 
@@ -154,19 +154,21 @@ def train(args):
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
             recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
-            logp, new_entropy, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                                   recorded if args.routing_replay else None)
-            if on_policy:                      # the old log-probs are these, detached: ratio exactly 1, no drift
-                old_logp, entropy, recorded = logp.detach(), new_entropy, routing
-            loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx],
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                         recorded if args.routing_replay else None)
+            # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
+            # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
+            old = logp.detach() if on_policy else old_logp[idx]
+            recorded = routing if on_policy else recorded
+            loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, recorded,
                                                         aux_loss))
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
-        record = {"step": step, **common.rollout_metrics(rewards, rollout, entropy), **common.mean_metrics(stats),
+        record = {"step": step, **common.rollout_metrics(rewards, rollout), **common.mean_metrics(stats),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_ref_s": t3 - t2, "time_update_s": t4 - t3}
         run.log(record)

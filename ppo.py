@@ -33,6 +33,7 @@ What differs from grpo.py
 - What GRPO drops: the critic (a second model as large as the policy, its memory, its forward and
   backward passes, its learning rate to tune) and GAE; a group of completions per prompt is its baseline.
 """
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ import torch
 
 import common
 from common import arg, check
+from moe_model import MoETransformer
 
 
 @dataclass
@@ -147,6 +149,31 @@ def value_loss(values, old_values, returns, mask, clip_range=0.2):
     return 0.5 * common.masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
 
 
+def make_critic(policy):
+    """The value model: the policy's architecture and weights (warm-started), with the vocabulary head
+    swapped for a scalar one in the trunk's dtype, initialised to 0 so that the first values are 0."""
+    critic = copy.deepcopy(policy)
+    if not isinstance(critic, MoETransformer):
+        critic.config.tie_word_embeddings = False   # else a later tie_weights() would put the vocabulary head back
+    head = common.output_head(critic)
+    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)
+    torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
+    if isinstance(critic, MoETransformer):
+        critic.head = value_head
+    else:
+        critic.set_output_embeddings(value_head)
+    return critic
+
+
+def values(critic, rollout):
+    """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
+    T = rollout.mask.shape[1]
+    with common.autocast(rollout.tokens.device):
+        hidden = common.trunk(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1])[0][:, -T:]
+        out = common.output_head(critic)(hidden).float()
+    return out[..., 0] * rollout.mask
+
+
 def train(args):
     # ------------------------------------------------------------ setup (plumbing)
     common.check_common_args(args, min_group_size=1)
@@ -163,7 +190,7 @@ def train(args):
         common.check_replay(policy)                                    # or stop: never train without it
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
-    critic = common.make_critic(policy)                                 # the warm-started weights, a scalar head
+    critic = make_critic(policy)                                 # the warm-started weights, a scalar head
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0, fused=True)
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
@@ -179,13 +206,13 @@ def train(args):
         rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
         scores = common.rewards_of(world, rollout, answers, args.group_size)              # task reward [N]
         t1 = time.perf_counter()
-        old_logp, entropy, old_routing = common.old_logprobs(policy, world, rollout, args.temperature,
+        old_logp, _, old_routing = common.fixed_logprobs(policy, world, rollout, args.temperature,
                                                              args.minibatches)
         t2 = time.perf_counter()
-        ref_logp = common.old_logprobs(ref, world, rollout, args.temperature, args.minibatches)[0]
+        ref_logp = common.fixed_logprobs(ref, world, rollout, args.temperature, args.minibatches)[0]
         t3 = time.perf_counter()
         with torch.no_grad():
-            old_values = torch.cat([common.values(critic, rollout[idx])                   # V(s_t) [N, T]
+            old_values = torch.cat([values(critic, rollout[idx])                   # V(s_t) [N, T]
                                     for idx in common.minibatches(len(scores), args.minibatches)])
         critic_time = time.perf_counter() - t3                          # the critic's cost, summed below
         rewards = token_rewards(scores, old_logp, ref_logp, rollout.mask, args.beta_kl)  # [N, T]
@@ -201,7 +228,7 @@ def train(args):
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             t_critic = time.perf_counter()
-            critic_loss = value_loss(common.values(critic, rollout[idx]), old_values[idx], returns[idx],
+            critic_loss = value_loss(values(critic, rollout[idx]), old_values[idx], returns[idx],
                                      rollout.mask[idx], args.value_clip)
             critic_step = common.optimizer_step(critic, critic_optimizer, critic_loss, args.max_grad_norm)
             critic_time += time.perf_counter() - t_critic
@@ -212,7 +239,7 @@ def train(args):
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
-        record = {"step": step, **common.rollout_metrics(scores, rollout, entropy), **common.mean_metrics(stats),
+        record = {"step": step, **common.rollout_metrics(scores, rollout), **common.mean_metrics(stats),
                   "explained_variance": explained_variance(old_values, returns, rollout.mask),
                   "kl_ref": common.masked_mean(old_logp - ref_logp, rollout.mask).item(),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,

@@ -52,6 +52,7 @@ def test_logprobs_are_those_of_the_sampling_distribution():
     p = F.softmax(z / 0.7, -1)
     expected_entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
     assert torch.allclose(entropy[m], expected_entropy[m], atol=1e-5) and (entropy[~m] == 0).all()
+    assert torch.allclose(rollout.entropy, entropy, atol=1e-5)       # as measured while sampling
 
 
 def test_greedy_generation_with_cache_matches_argmax_of_full_forward():
@@ -90,12 +91,12 @@ def test_toy_model_gets_the_positions_long_completions_need():
     assert common.toy_model_config(args, common.toy_world("add", 50, 100)).max_seq_len == 6 + 100
 
 
-def test_old_logprobs_in_chunks_match_one_pass_and_record_routing():
+def test_fixed_logprobs_in_chunks_match_one_pass_and_record_routing():
     model, world = toy()
     prompts, _ = world.sample(4)
     rollout = common.generate(model, world, prompts, 4, 1.0)
     logp, _, routing, _ = common.logprobs(model, world, rollout, 1.0)
-    old_logp, old_entropy, old_routing = common.old_logprobs(model, world, rollout, 1.0, chunks=4)
+    old_logp, old_entropy, old_routing = common.fixed_logprobs(model, world, rollout, 1.0, chunks=4)
     assert torch.allclose(old_logp, logp, atol=1e-6) and torch.equal(old_routing, routing)
     assert old_entropy.shape == logp.shape
     assert common.routing_drift(routing, old_routing, rollout.mask) == 0.0
@@ -191,7 +192,7 @@ def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
 def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script, tmp_path, monkeypatch):
     # One optimizer step per rollout batch: the update's own forward pass gives the old log-probs
     # (detached), so there is no separate pass, and the ratio is exactly 1.
-    monkeypatch.setattr(common, "old_logprobs", lambda *a: pytest.fail("a separate old log-prob pass"))
+    monkeypatch.setattr(common, "fixed_logprobs", lambda *a: pytest.fail("a separate old log-prob pass"))
     script.main(TINY[:6] + ["--minibatches", "1", "--eval-size", "16", "--out", str(tmp_path)])
     for r in read_metrics(tmp_path)[1:]:
         assert r["clip_frac"] == 0.0 and r["approx_kl"] == 0.0 and r["routing_drift"] == 0.0
@@ -200,8 +201,8 @@ def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script,
 
 def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monkeypatch):
     recorded, replayed = [], []
-    old_logprobs, logprobs = common.old_logprobs, common.logprobs
-    monkeypatch.setattr(common, "old_logprobs", lambda *a: recorded.append(old_logprobs(*a)[2]) or old_logprobs(*a))
+    fixed_logprobs, logprobs = common.fixed_logprobs, common.logprobs
+    monkeypatch.setattr(common, "fixed_logprobs", lambda *a: recorded.append(fixed_logprobs(*a)[2]) or fixed_logprobs(*a))
     monkeypatch.setattr(common, "logprobs", lambda *a: replayed.append(a[4] if len(a) > 4 else None) or logprobs(*a))
     grpo.main(TINY + ["--routing-replay", "--out", str(tmp_path)])
     replayed = [r for r in replayed if r is not None]

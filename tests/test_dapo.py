@@ -63,7 +63,8 @@ def stub_round(group_rewards, group_size=2, T=3):
     rewards = torch.tensor([r for g in group_rewards for r in g], dtype=torch.float)
     N = len(rewards)
     tokens = torch.arange(N)[:, None].expand(N, 2 + T).clone()       # row i is filled with i: traceable
-    rollout = common.Rollout(tokens, torch.ones(N, 2 + T, dtype=torch.long), torch.ones(N, T), torch.ones(N, dtype=torch.bool))
+    rollout = common.Rollout(tokens, torch.ones(N, 2 + T, dtype=torch.long), torch.ones(N, T),
+                             torch.ones(N, dtype=torch.bool), torch.arange(N)[:, None].expand(N, T).float())
     return rollout, rewards, rewards.clone()
 
 
@@ -86,6 +87,7 @@ def test_dynamic_sampling_trims_the_surplus_and_pads_rounds_of_different_lengths
     assert rollout.tokens[:, 0].tolist() == [2, 3, 0, 1, 2, 3]         # the third group of round 2 is cut
     assert rollout.mask.shape == (6, 5) and rollout.mask[:2, 3:].sum() == 0 and rollout.mask[2:].sum() == 20
     assert rollout.tokens.shape == (6, 7)
+    assert rollout.entropy.tolist()[:3] == [[2, 2, 2, 0, 0], [3, 3, 3, 0, 0], [0] * 5]   # padded as the mask is
 
 
 def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_kept():

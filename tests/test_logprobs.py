@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import ppo
 from moe_model import MoEConfig, MoETransformer
 
 
@@ -142,7 +143,7 @@ def test_a_head_the_log_prob_path_cannot_reproduce_is_refused(hf_dense):
 
 def test_the_critic_takes_the_dtype_of_a_bf16_model(hf_dense):
     model, world = hf_model(hf_dense)
-    critic = common.make_critic(model.to(torch.bfloat16))
+    critic = ppo.make_critic(model.to(torch.bfloat16))
     rollout = common.generate(model, world, [torch.tensor([5, 6, 7])], 2, 1.0)
-    values = common.values(critic, rollout)
+    values = ppo.values(critic, rollout)
     assert values.shape == rollout.mask.shape and values.dtype == torch.float32 and (values == 0).all()

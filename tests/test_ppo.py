@@ -149,27 +149,27 @@ def test_critic_is_a_scalar_head_on_a_copy_of_the_policy(which, request):
     else:
         model, tokenizer = common.load_hf(str(request.getfixturevalue("hf_tied")), torch.device("cpu"))
         world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 5)
-    critic = common.make_critic(model)
+    critic = ppo.make_critic(model)
     if which != "toy":
         critic.tie_weights()                                            # what save_pretrained and friends call
     assert not set(map(id, critic.parameters())) & set(map(id, model.parameters()))
     prompts = [world.train[0][0]] if which == "toy" else [torch.tensor([5, 6, 7])]
     rollout = common.generate(model, world, prompts, 3, 1.0)
-    values = common.values(critic, rollout)
+    values = ppo.values(critic, rollout)
     assert values.shape == rollout.mask.shape and (values == 0).all()  # zero-initialised head
     # V(s_t) is read where completion token t is predicted: the same position as its log-prob.
     torch.nn.init.normal_(critic.head.weight if which == "toy" else critic.get_output_embeddings().weight)
-    values = common.values(critic, rollout)
+    values = ppo.values(critic, rollout)
     P = rollout.tokens.shape[1] - rollout.mask.shape[1]
     for t in range(int(rollout.mask[0].sum())):
         prefix = common.Rollout(rollout.tokens[:1, :P + t + 1], rollout.attention_mask[:1, :P + t + 1],
                                 torch.ones(1, 1), rollout.finished[:1])
-        assert common.values(critic, prefix)[0, -1].item() == pytest.approx(values[0, t].item(), abs=1e-5)
+        assert ppo.values(critic, prefix)[0, -1].item() == pytest.approx(values[0, t].item(), abs=1e-5)
 
 
 def test_the_critic_learns_the_returns_of_a_fixed_batch():
     model, world = common.make_policy(ppo.Args(), torch.device("cpu"))
-    critic = common.make_critic(model)
+    critic = ppo.make_critic(model)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
     torch.manual_seed(0)
     prompts, _ = world.sample(8)
@@ -177,7 +177,7 @@ def test_the_critic_learns_the_returns_of_a_fixed_batch():
     returns = torch.rand(8, 1) * rollout.mask                          # one target per completion
     losses = []
     for _ in range(30):
-        values = common.values(critic, rollout)
+        values = ppo.values(critic, rollout)
         loss = ppo.value_loss(values, values.detach(), returns, rollout.mask, clip_range=10.0)
         common.optimizer_step(critic, optimizer, loss, 1.0)
         losses.append(loss.item())
