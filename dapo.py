@@ -100,7 +100,8 @@ class Args:
     max_generation_rounds: int = arg(5, "Dynamic Sampling's cap on generation rounds per step")
     token_level_loss: bool = arg(True, "token-level loss: turn off for GRPO's per-sequence mean")
     overlong_shaping: bool = arg(True, "overlong reward shaping: turn off for no length penalty")
-    overlong_buffer: Optional[int] = arg(None, "L_cache, the length buffer before --max-new-tokens (default: 1/4 of it)")
+    overlong_buffer: Optional[int] = arg(None, "L_cache, the length buffer before --max-new-tokens "
+                                               "(default: 1/4 of it)")
     overlong_filtering: bool = arg(False, "mask truncated completions out of the loss")
     routing_replay: bool = arg(False, "MoE models: the update uses the experts chosen when the old log-probs "
                                       "were computed (Routing Replay)")

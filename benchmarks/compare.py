@@ -3,13 +3,15 @@
     python benchmarks/compare.py            # the full study, about 45 min on 2 CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
+    python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs
 
 It runs the algorithm scripts as they are (a subprocess each, with flags), two at a time on one thread
 each, and reads their metrics.jsonl. Every run of an experiment starts from the same warm-started base
 and generates the same number of completions per step (ppo: 128 prompts x 1; the others 16 x 8);
 Dynamic Sampling makes DAPO generate more, which the column `completions/step` shows.
 
-Experiments (one markdown table each in benchmarks/results/study.md, one figure for the first three):
+Experiments (one markdown table each in benchmarks/results/study.md, one figure for most):
+  defaults each script exactly as `python <script>` runs it, one seed, alone on 2 threads: its docstring
   main    ppo, grpo, grpo + Routing Replay, dapo, gspo, gspo-token on `add`
   length  dapo with all four techniques, then each switched off, and all off, on `progression`
   stress  grpo, grpo + Routing Replay and gspo under off-policy pressure: 16 minibatches (4x the updates)
@@ -22,6 +24,7 @@ Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again un
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
 import argparse
+import importlib
 import json
 import math
 import os
@@ -41,6 +44,14 @@ ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss",
 
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
 EXPERIMENTS = {
+    # Each script exactly as `python <script>` runs it (steps and evaluation at its defaults), one seed: the
+    # figures of its docstring. Run alone: --only defaults --seeds 1 --jobs 1 --threads 2.
+    "defaults": ([], None, 20, [
+        ("grpo", "grpo.py", []),
+        ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("gspo", "gspo.py", []),
+        ("dapo", "dapo.py", []),
+        ("ppo", "ppo.py", [])]),
     "main": (["--task", "add"], 600, 20, [
         ("ppo", "ppo.py", []),
         ("grpo", "grpo.py", []),
@@ -122,6 +133,11 @@ def run_dir(experiment, label, seed, quick):
     return RUNS / ("quick" if quick else "") / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
 
 
+def default_steps(script):
+    sys.path.insert(0, str(ROOT))
+    return importlib.import_module(Path(script).stem).Args().steps
+
+
 def finished(out, steps):
     rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
     return bool(rows) and rows[-1]["step"] == steps
@@ -145,12 +161,13 @@ def run_all(experiments, seeds, quick, jobs, threads, rerun):
     for name in experiments:
         shared, full_steps, quick_steps, runs = EXPERIMENTS[name]
         steps = quick_steps if quick else full_steps
-        extra = ["--steps", str(steps), "--eval-every", str(steps // (2 if quick else 12)), "--save-every", "0"]
+        extra = [] if steps is None else ["--steps", str(steps), "--eval-every", str(steps // (2 if quick else 12)),
+                                          "--save-every", "0"]
         extra += ["--eval-size", "100"] if quick else []
         for label, script, flags in runs:
             for seed in seeds:
                 out = run_dir(name, label, seed, quick)
-                if rerun or not finished(out, steps):
+                if rerun or not finished(out, steps or default_steps(script)):
                     todo.append((script, shared + flags + extra + ["--seed", str(seed)], out, threads))
     if "hf-moe" in experiments:
         build_hf_moe()
@@ -205,8 +222,13 @@ def summarise(rows, target=None):
             break
         at_budget = next((acc for step, acc in evals if step == r["step"]), at_budget)
     reached = steps_to(evals, target) if target is not None else None
+    first = steps[:max(1, len(steps) // 8)]                          # "at the start": the first 1/8 of steps
     mean = lambda key, rs=last: nanmean([r.get(key) for r in rs])
     return {
+        "sampled_accuracy_start": nanmean([sampled_accuracy(r) for r in first]), "entropy_start": mean("entropy", first),
+        "time_generate": mean("time_generate_s", steps), "time_old_logp": mean("time_old_logp_s", steps),
+        "time_update": mean("time_update_s", steps) + nanmean([r.get("time_critic_s", 0.0) for r in steps]),
+        "train_seconds": clock,
         "base": evals[0][1], "final": evals[-1][1], "at_equal_completions": at_budget,
         "steps_to_target": reached, "seconds_to_target": None if reached is None else wall[reached],
         "sampled_accuracy_end": nanmean([sampled_accuracy(r) for r in last]),
@@ -242,6 +264,18 @@ def mean_std(values, fmt="{:.3f}"):
 
 # column title, summary key, format
 COLUMNS = {
+    "defaults": [("base eval acc", "base", "{:.3f}"), ("final eval acc", "final", "{:.3f}"),
+                 ("sampled acc, first 1/8", "sampled_accuracy_start", "{:.3f}"),
+                 ("sampled acc, last 1/10", "sampled_accuracy_end", "{:.3f}"),
+                 ("entropy, first 1/8", "entropy_start", "{:.2f}"), ("entropy, last 1/10", "entropy_end", "{:.2f}"),
+                 ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
+                 ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"),
+                 ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
+                 ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
+                 ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}"),
+                 ("generate", "time_generate", "{:.3f}"), ("old log-probs", "time_old_logp", "{:.3f}"),
+                 ("update (+ critic)", "time_update", "{:.3f}"), ("training seconds", "train_seconds", "{:.0f}"),
+                 ("peak MB", "peak_memory_mb", "{:.0f}")],
     "main": [("final eval acc", "final", "{:.3f}"), ("eval acc at equal completions", "at_equal_completions", "{:.3f}"),
              ("steps to half-gap", "steps_to_target", "{:.0f}"), ("seconds to half-gap", "seconds_to_target", "{:.0f}"),
              ("clip frac", "clip_frac", "{:.4f}"), ("entropy (end)", "entropy_end", "{:.3f}"),
@@ -348,24 +382,27 @@ def figure(name, runs, path):
     plt.close(fig)
 
 
-def report(experiments, seeds, quick):
+def report(seeds, quick):
+    """study.md from every finished run of every experiment (so a partial rerun keeps the other tables)."""
     results = RUNS / "quick" if quick else RESULTS     # a smoke run never overwrites the results
     results.mkdir(parents=True, exist_ok=True)
     lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
-             f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}`. Mean ± std over seeds "
-             f"{', '.join(map(str, seeds))}; each run on one CPU thread, two runs at a time.", ""]
-    for name in experiments:
+             f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}` (mean ± std over seeds, "
+             f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
+             f"--seeds 1 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it).", ""]
+    for name in EXPERIMENTS:
         runs = collect(name, seeds, quick)
         if not any(runs.values()):
             continue
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
-        lines += [f"## {name}: `{' '.join(shared)}`, {quick_steps if quick else full_steps} steps", ""]
-        if name != "depth":  # the deeper models have bases of their own
+        steps = quick_steps if quick else full_steps
+        lines += [f"## {name}: `{' '.join(shared) or 'defaults'}`, {steps or 'the default'} steps", ""]
+        if name not in ("depth", "defaults"):  # the deeper models have bases of their own
             lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base else
                                                               "no run ended above the base."), ""]
         lines += rows + [""]
-        if name != "depth":
+        if name not in ("depth", "defaults"):
             figure(name, runs, results / f"{name}.png")
             lines += [f"![{name}]({name}.png)", ""]
     (results / "study.md").write_text("\n".join(lines))
@@ -375,7 +412,8 @@ def report(experiments, seeds, quick):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps per run: a smoke test of the study")
-    parser.add_argument("--only", default=",".join(EXPERIMENTS), help="experiments to run, comma-separated")
+    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e != "defaults"),
+                        help="experiments to run, comma-separated (default: all but defaults, which runs alone)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 2 with --quick)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
@@ -390,7 +428,7 @@ def main(argv=None):
         parser.error("--seeds, --jobs and --threads must be at least 1")
     seeds = list(range(args.seeds or (2 if args.quick else 3)))
     failed = 0 if args.report else run_all(experiments, seeds, args.quick, args.jobs, args.threads, args.rerun)
-    report(experiments, seeds, args.quick)
+    report(range(max(3, len(seeds))), args.quick)
     if failed:
         sys.exit(f"{failed} runs failed; their log.txt says why")
 

@@ -7,6 +7,33 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# Tiny runs on the toy task: 4 prompts x 4 completions a step in 2 minibatches, 16 prompts evaluated every 2 steps.
+TINY_NO_STEPS = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
+                 "--eval-every", "2"]
+TINY = ["--steps", "3"] + TINY_NO_STEPS
+# Smaller still, where a run only has to get going: 2 steps of 2 prompts, 8 prompts evaluated at start and end.
+TINIER = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2", "--eval-size", "8"]
+
+
+def read_metrics(out, timings=True):
+    """The rows of out/metrics.jsonl. timings=False leaves out the wall-clock times and the peak memory,
+    which differ between two runs of the same computation."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if timings:
+        return rows
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("step_time_s", "peak_memory_mb")}
+            for r in rows]
+
+
+def run(script, argv, capsys=None):
+    """script.main(argv) in this process: the exit code (0 when it returned) and, given capsys, its stderr."""
+    try:
+        script.main(argv)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, (capsys.readouterr().err if capsys else "")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def test_cache():
@@ -21,7 +48,8 @@ def build_tiny_hf(folder, kind, tied=False, chat=False, context=128):
     Qwen's checkpoints, among the end ids of the model's generation config."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3MoeConfig
+    from transformers import (AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
+                              Qwen3MoeConfig)
 
     chars = list(dict.fromkeys("0123456789+-*=?,. abcdefghijklmnopqrstuvwxyzQAW#"))
     specials = ["<pad>", "<eos>", "<unk>"] + (["<|im_start|>", "<|im_end|>"] if chat else [])
@@ -89,7 +117,8 @@ def moe_configs():
                                     moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[],
                                     norm_topk_prob=True),
         "qwen2_moe": Qwen2MoeConfig(**base, intermediate_size=64, num_experts=8, num_experts_per_tok=2,
-                                    moe_intermediate_size=16, shared_expert_intermediate_size=16, decoder_sparse_step=1),
+                                    moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                    decoder_sparse_step=1),
         "mixtral": MixtralConfig(**base, head_dim=8, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2),
         "olmoe": OlmoeConfig(**base, intermediate_size=16, num_experts=8, num_experts_per_tok=2),
         "granitemoe": GraniteMoeConfig(**base, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2,

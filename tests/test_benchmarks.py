@@ -1,4 +1,4 @@
-"""benchmarks/compare.py: the arithmetic behind the study's tables, on hand-made metrics."""
+"""benchmarks/compare.py and memory.py: the arithmetic behind their tables, on hand-made numbers."""
 import sys
 from pathlib import Path
 
@@ -6,6 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import compare  # noqa: E402
+import memory  # noqa: E402
 
 
 def rows(accuracies, rounds=1, step_time=0.5):
@@ -67,3 +68,22 @@ def test_unknown_experiment_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         compare.main(["--only", "main,chess", "--report"])
     assert e.value.code == 2 and "unknown experiment chess" in capsys.readouterr().err
+
+
+def test_memory_extrapolates_linearly_in_layers_and_in_experts():
+    # Dense, 1-3 layers: 5 + 2 per layer gives 61 at 28 layers; with noise, the least-squares line
+    # through 7, 10, 11 (slope 2, 28/3 at 2 layers) gives 28/3 + 4 at 4 layers.
+    assert memory.extrapolate([(1, None, 7.0), (2, None, 9.0), (3, None, 11.0)], 28) == pytest.approx(61.0)
+    assert memory.extrapolate([(1, None, 7.0), (2, None, 10.0), (3, None, 11.0)], 4) == pytest.approx(28 / 3 + 4)
+    # MoE: with 8 experts 10 and 13 at 1 and 2 layers (151 at 48), with 16 experts 14 and 19 (249 at 48):
+    # 98 more for 8 more experts, so 151 + 98 x 120 / 8 for 48 layers of 128 experts.
+    moe = [(1, 8, 10.0), (2, 8, 13.0), (1, 16, 14.0), (2, 16, 19.0)]
+    assert memory.extrapolate(moe, 48, 128) == pytest.approx(151 + 98 * 15)
+    assert memory.extrapolate([(28, None, 5.0)], 28) == 5.0                   # --device cuda: full depth measured
+
+
+def test_memory_fits_counts_the_cuda_context_and_keeps_a_tenth_of_the_card():
+    GiB = 2**30
+    assert memory.fits(21 * GiB) == "24 GB: yes, 40 GB: yes, 80 GB: yes"     # 21.5 GiB <= 0.9 x 24
+    assert memory.fits(22 * GiB) == "24 GB: tight, 40 GB: yes, 80 GB: yes"   # 22.5 GiB: over 21.6, within 24
+    assert memory.fits(40 * GiB) == "24 GB: no, 40 GB: no, 80 GB: yes"       # 40.5 GiB: over the card

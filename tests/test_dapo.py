@@ -1,8 +1,9 @@
 """DAPO's loss, overlong penalty, group filter and Dynamic Sampling, and each switch."""
-import json
+import math
 
 import pytest
 import torch
+from conftest import TINY, read_metrics
 
 import common
 import dapo
@@ -39,8 +40,10 @@ def test_token_level_loss_weighs_a_long_completion_more():
     token_grad, logp.grad = logp.grad.clone(), None
     dapo.policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, token_level=False)[0].backward()
     # Token-level: each token 1/10 of the weight; per sequence: 1/(2*8) for the long one, 1/(2*2) for the short.
-    assert torch.allclose(token_grad[0], torch.full((8,), -0.1)) and torch.allclose(token_grad[1, :2], torch.full((2,), 0.1))
-    assert torch.allclose(logp.grad[0], torch.full((8,), -1 / 16)) and torch.allclose(logp.grad[1, :2], torch.full((2,), 0.25))
+    assert torch.allclose(token_grad[0], torch.full((8,), -0.1))
+    assert torch.allclose(token_grad[1, :2], torch.full((2,), 0.1))
+    assert torch.allclose(logp.grad[0], torch.full((8,), -1 / 16))
+    assert torch.allclose(logp.grad[1, :2], torch.full((2,), 0.25))
     assert token_grad[0].abs().sum() / token_grad[1].abs().sum() == pytest.approx(4.0)   # 8 tokens vs 2
     assert logp.grad[0].abs().sum() / logp.grad[1].abs().sum() == pytest.approx(1.0)     # each sequence alike
 
@@ -105,14 +108,6 @@ def test_dynamic_sampling_with_nothing_informative_stops_the_run_clearly():
         dapo.dynamic_sampling(lambda: stub_round([(1, 1), (0, 0)]), 2, 2, 3, pad_id=0)
 
 
-TINY = ["--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2",
-        "--eval-size", "16", "--eval-every", "2"]
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def spy_on_loss(monkeypatch):
     calls, real = [], dapo.policy_loss
     def spy(logp, old_logp, advantages, mask, *hyper):
@@ -125,12 +120,12 @@ def spy_on_loss(monkeypatch):
 def test_dapo_end_to_end_with_everything_on(tmp_path, monkeypatch):
     calls = spy_on_loss(monkeypatch)
     dapo.main(TINY + ["--task", "progression", "--out", str(tmp_path)])
-    rows = metrics(tmp_path)
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         for key in ("generation_rounds", "groups_dropped_frac", "overlong_punished_frac", "clip_frac_low",
                     "clip_frac_high", "entropy", "truncated_frac", "routing_drift"):
-            assert r[key] is not None and r[key] == r[key]
+            assert r[key] is not None and math.isfinite(r[key])
     assert all(hyper == (0.2, 0.28, True) for _, hyper in calls)
     assert any(r["overlong_punished_frac"] > 0 for r in rows[1:])     # the planted rambling is punished
 
@@ -144,14 +139,14 @@ def test_dapo_end_to_end_with_everything_on(tmp_path, monkeypatch):
 def test_each_switch_turns_its_technique_off(tmp_path, monkeypatch, flag, check):
     calls = spy_on_loss(monkeypatch)
     dapo.main(TINY + ["--task", "progression", flag, "--out", str(tmp_path)])
-    assert check(metrics(tmp_path), calls)
+    assert check(read_metrics(tmp_path), calls)
 
 
 def test_with_all_four_off_dapo_is_grpo_without_kl(tmp_path):
     off = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
     dapo.main(TINY + off + ["--out", str(tmp_path / "dapo")])
     grpo.main(TINY + ["--beta", "0", "--out", str(tmp_path / "grpo")])
-    d_rows, g_rows = metrics(tmp_path / "dapo"), metrics(tmp_path / "grpo")
+    d_rows, g_rows = read_metrics(tmp_path / "dapo"), read_metrics(tmp_path / "grpo")
     assert len(d_rows) == len(g_rows) == 4
     for d, g in zip(d_rows[1:], g_rows[1:]):
         for key in ("reward_mean", "clip_frac", "grad_norm", "entropy", "approx_kl"):
@@ -163,9 +158,9 @@ def test_overlong_filtering_masks_exactly_the_truncated_completions(tmp_path, mo
     calls, rollouts, real_generate = spy_on_loss(monkeypatch), [], common.generate
     monkeypatch.setattr(common, "generate", lambda *a, **kw: rollouts.append(real_generate(*a, **kw)) or rollouts[-1])
     dapo.main(TINY + ["--task", "progression", "--no-dynamic-sampling", "--overlong-filtering", "--steps", "1",
-                      "--out", str(tmp_path)])
+                      "--prompts-per-step", "8", "--out", str(tmp_path)])   # 16 completions a minibatch
     rollout = rollouts[1]                                             # [0] is the base evaluation
-    for (mask, _), idx in zip(calls, common.minibatches(16, 2)):
+    for (mask, _), idx in zip(calls, common.minibatches(32, 2)):
         finished = rollout.finished[idx]
         assert (~finished).any()                                      # the planted rambling is there
         assert torch.equal(mask[finished], rollout.mask[idx][finished])

@@ -3,15 +3,9 @@ import importlib
 import json
 
 import pytest
+from conftest import run
 
 import grpo
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as stop:
-        grpo.main(argv)
-    err = capsys.readouterr().err
-    return stop.value.code, err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -36,17 +30,17 @@ def run(argv, capsys):
     (["--eval-every", "-5"], "--eval-every must be 0"),
 ])
 def test_bad_flags(argv, message, capsys):
-    code, err = run(argv, capsys)
+    code, err = run(grpo, argv, capsys)
     assert code == 2 and message in err and "Traceback" not in err
 
 
 def test_model_folder_that_does_not_exist(tmp_path, jsonl, capsys):
-    code, err = run(["--model", str(tmp_path / "nope"), "--data", str(jsonl)], capsys)
+    code, err = run(grpo, ["--model", str(tmp_path / "nope"), "--data", str(jsonl)], capsys)
     assert code == 2 and "no such folder" in err
 
 
 def test_model_folder_that_is_not_a_model(tmp_path, jsonl, capsys):
-    code, err = run(["--model", str(tmp_path), "--data", str(jsonl)], capsys)
+    code, err = run(grpo, ["--model", str(tmp_path), "--data", str(jsonl)], capsys)
     assert code == 2 and "no config.json in that folder" in err
 
 
@@ -54,7 +48,7 @@ def test_model_that_is_not_a_causal_lm(tmp_path, jsonl, hf_dense, capsys):
     from transformers import ViTConfig, ViTModel
     ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                        image_size=8, patch_size=4)).save_pretrained(tmp_path)
-    code, err = run(["--model", str(tmp_path), "--data", str(jsonl)], capsys)
+    code, err = run(grpo, ["--model", str(tmp_path), "--data", str(jsonl)], capsys)
     assert code == 2 and "cannot load a causal LM (Unrecognized configuration class" in err
 
 
@@ -68,12 +62,12 @@ def test_model_that_is_not_a_causal_lm(tmp_path, jsonl, hf_dense, capsys):
 def test_malformed_data(tmp_path, hf_dense, content, message, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    code, err = run(["--model", str(hf_dense), "--data", str(path)], capsys)
+    code, err = run(grpo, ["--model", str(hf_dense), "--data", str(path)], capsys)
     assert code == 2 and message in err
 
 
 def test_missing_data_file(tmp_path, hf_dense, capsys):
-    code, err = run(["--model", str(hf_dense), "--data", str(tmp_path / "none.jsonl")], capsys)
+    code, err = run(grpo, ["--model", str(hf_dense), "--data", str(tmp_path / "none.jsonl")], capsys)
     assert code == 2 and "no such file" in err
 
 
@@ -81,7 +75,7 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"prompt": "what is 1+1?", "answer": 2}) + "\n"
                     + json.dumps({"prompt": "a" * 200, "answer": 2}) + "\n")
-    code, err = run(["--model", str(hf_dense), "--data", str(path), "--max-new-tokens", "8"], capsys)
+    code, err = run(grpo, ["--model", str(hf_dense), "--data", str(path), "--max-new-tokens", "8"], capsys)
     assert code == 2 and "row 2: prompt of 200 tokens" in err and "context of 128 tokens" in err
 
 
@@ -99,7 +93,5 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
     ("ppo", ["--group-size", "0"], "--group-size must be positive"),
 ])
 def test_bad_flags_of_the_other_scripts(script, argv, message, capsys):
-    with pytest.raises(SystemExit) as stop:
-        importlib.import_module(script).main(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and message in err and "Traceback" not in err
+    code, err = run(importlib.import_module(script), argv, capsys)
+    assert code == 2 and message in err and "Traceback" not in err

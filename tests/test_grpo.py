@@ -1,9 +1,12 @@
-"""GRPO's advantages and loss, against hand-computed numbers and their defining properties."""
+"""GRPO's advantages and loss, against hand-computed numbers and their defining properties, and grpo.py end to
+end on the toy and on tiny Hugging Face models built locally."""
 import math
 
 import pytest
 import torch
+from conftest import TINY, read_metrics
 
+import common
 import grpo
 
 
@@ -116,3 +119,42 @@ def test_padding_does_not_change_the_loss():
     a = grpo.policy_loss(logp.detach(), old_logp, adv, mask, beta=0.0)[0]
     b = grpo.policy_loss(padded, padded_old, adv, padded_mask, beta=0.0)[0]
     assert a.item() == pytest.approx(b.item(), abs=1e-7)
+
+
+@pytest.mark.parametrize("extra", [[], ["--routing-replay"], ["--beta", "0.04"], ["--n-experts", "1"]])
+def test_grpo_end_to_end_on_the_toy(tmp_path, extra):
+    grpo.main(TINY + extra + ["--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [("eval_accuracy" in r) for r in rows] == [True, False, True, True]
+    for r in rows[1:]:
+        for key in ("reward_mean", "clip_frac", "entropy", "response_len_mean", "step_time_s", "grad_norm"):
+            assert key in r and math.isfinite(r[key])                  # present, a finite number
+        assert ("routing_drift" in r) == (extra != ["--n-experts", "1"])
+        assert ("kl_ref" in r) == (extra == ["--beta", "0.04"])
+
+
+@pytest.mark.parametrize("which", ["hf_dense", "hf_moe"])
+def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
+    folder = request.getfixturevalue(which)
+    grpo.main(["--model", str(folder), "--data", str(jsonl), "--max-new-tokens", "6", "--eval-size", "5",
+               "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2",
+               "--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert ("routing_drift" in rows[1]) == (which == "hf_moe")
+    assert all(0 <= r["reward_mean"] <= 1 and r["entropy"] > 0 for r in rows[1:])
+
+
+def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monkeypatch):
+    recorded, replayed = [], []
+    fixed_logprobs, logprobs = common.fixed_logprobs, common.logprobs
+    monkeypatch.setattr(common, "fixed_logprobs",
+                        lambda *a: recorded.append(fixed_logprobs(*a)[2]) or fixed_logprobs(*a))
+    monkeypatch.setattr(common, "logprobs", lambda *a: replayed.append(a[4] if len(a) > 4 else None) or logprobs(*a))
+    grpo.main(TINY + ["--routing-replay", "--out", str(tmp_path)])
+    replayed = [r for r in replayed if r is not None]
+    assert len(recorded) == 3 and len(replayed) == 6                   # 3 steps x 2 minibatches
+    for step in range(3):
+        for mb, idx in enumerate(common.minibatches(16, 2)):
+            assert torch.equal(replayed[2 * step + mb], recorded[step][:, idx])

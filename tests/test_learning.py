@@ -1,7 +1,6 @@
 """Real learning: the default task and settings, a few hundred steps, for each algorithm. Slow (~50 s each)."""
-import json
-
 import pytest
+from conftest import read_metrics
 
 import dapo
 import grpo
@@ -13,7 +12,7 @@ import ppo
 @pytest.mark.parametrize("script, steps", [(grpo, 500), (gspo, 500), (dapo, 500), (ppo, 150)])
 def test_learns_addition(tmp_path, script, steps):
     script.main(["--steps", str(steps), "--eval-every", "0", "--out", str(tmp_path)])
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     steps = [r for r in rows if r["step"] > 0]
     key = "sampled_accuracy" if "sampled_accuracy" in steps[0] else "accuracy"   # DAPO: all it generated
     first = sum(r[key] for r in steps[:50]) / 50

@@ -1,12 +1,12 @@
 """Rewards on real data: the default answer reward (a table of cases), the end ids a completion stops at, your
 own reward function (--reward), and a GSM8K-style file end to end."""
-import json
 import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINIER, read_metrics, run
 
 import common
 import grpo
@@ -108,23 +108,11 @@ def write(folder, name, code):
     return path
 
 
-def run(argv, capsys):
-    try:
-        grpo.main(argv)
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-    return code, capsys.readouterr().err
-
-
-TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2", "--eval-size", "8"]
-
-
 def test_your_own_reward_replaces_the_toy_one(tmp_path):
     reward = write(tmp_path, "mine.py", "def length(completion, answer, finished):\n"
                                         "    return len(completion) / 8\n")
-    grpo.main(TINY + ["--reward", f"{reward}:length", "--out", str(tmp_path / "run")])
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    grpo.main(TINIER + ["--reward", f"{reward}:length", "--out", str(tmp_path / "run")])
+    rows = read_metrics(tmp_path / "run")
     # The decoded text leaves out the EOS that ends a finished completion (and counts in its length).
     for r in rows[1:]:
         assert r["reward_mean"] == pytest.approx((r["response_len_mean"] - 1 + r["truncated_frac"]) / 8)
@@ -142,7 +130,7 @@ def test_a_bad_reward_stops_before_training_with_one_line(tmp_path, capsys, spec
     if code is not None:
         write(tmp_path, "r.py", code)
     spec, message = spec.format(dir=tmp_path), message.format(dir=tmp_path)
-    exit_code, err = run(TINY + ["--reward", spec, "--out", str(tmp_path / "run")], capsys)
+    exit_code, err = run(grpo, TINIER + ["--reward", spec, "--out", str(tmp_path / "run")], capsys)
     assert exit_code == 2 and err.count("\n") == 1 and message in err
     assert not (tmp_path / "run").exists()                            # stopped before the run started
 
@@ -152,7 +140,7 @@ def test_a_bad_reward_stops_before_training_with_one_line(tmp_path, capsys, spec
                                              ("float('nan')", "returned nan, not a finite number")])
 def test_a_reward_that_returns_a_non_number_stops_naming_the_prompt(tmp_path, capsys, returned, shown):
     reward = write(tmp_path, "r.py", f"def f(completion, answer, finished):\n    return {returned}\n")
-    exit_code, err = run(TINY + ["--reward", f"{reward}:f", "--out", str(tmp_path / "run")], capsys)
+    exit_code, err = run(grpo, TINIER + ["--reward", f"{reward}:f", "--out", str(tmp_path / "run")], capsys)
     assert exit_code == 2 and err.count("\n") == 1
     assert f"error: the reward function {shown} (prompt '" in err
 
@@ -166,7 +154,7 @@ def test_gsm8k_style_data_end_to_end(hf_chat, tmp_path, reward):
     grpo.main(["--model", str(hf_chat), "--data", str(GSM8K_STYLE), "--max-new-tokens", "16", "--eval-size", "2",
                "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2",
                "--out", str(tmp_path / "run")] + extra)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]
     # An untrained model never writes a right boxed answer: 0 by default, -0.5 with the format penalty.
     assert all(r["reward_mean"] == (-0.5 if reward else 0.0) for r in rows[1:])

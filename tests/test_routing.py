@@ -2,7 +2,7 @@
 Routing Replay makes the update use them, for six families built from tiny configs."""
 import pytest
 import torch
-from conftest import MOE_FAMILIES
+from conftest import MOE_FAMILIES, read_metrics, run
 
 import common
 import grpo
@@ -102,14 +102,9 @@ def test_the_hooks_follow_copies_of_the_model(tiny_moe):
     assert copied is not None and not torch.equal(copied, original)
 
 
-def run(argv, capsys, script=grpo):
-    with pytest.raises(SystemExit) as stop:
-        script.main(argv)
-    return stop.value.code, capsys.readouterr().err
-
-
 def test_a_dense_model_with_routing_replay_stops_with_one_line(hf_dense, jsonl, capsys):
-    code, err = run(["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "6", "--routing-replay"], capsys)
+    code, err = run(grpo, ["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "6",
+                           "--routing-replay"], capsys)
     assert code == 2 and err.strip().splitlines()[-1] == ("error: --routing-replay: no router module found in "
                                                           "Qwen3ForCausalLM (a dense model, or an MoE family this "
                                                           "code cannot replay)")
@@ -124,7 +119,8 @@ def test_a_router_whose_top_k_is_not_seen_stops_with_one_line(hf_moe, jsonl, cap
         experts = logits.argsort(-1, descending=True)[:, :self.top_k]
         return logits, logits.softmax(-1).gather(-1, experts), experts
     monkeypatch.setattr(Qwen3MoeTopKRouter, "forward", forward)
-    code, err = run(["--model", str(hf_moe), "--data", str(jsonl), "--max-new-tokens", "6", "--routing-replay"], capsys)
+    code, err = run(grpo, ["--model", str(hf_moe), "--data", str(jsonl), "--max-new-tokens", "6",
+                           "--routing-replay"], capsys)
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: --routing-replay: the routers of Qwen3MoeForCausalLM do not make "
                                          "the top-k choice this code intercepts") and "Traceback" not in err
@@ -133,11 +129,10 @@ def test_a_router_whose_top_k_is_not_seen_stops_with_one_line(hf_moe, jsonl, cap
 @pytest.mark.parametrize("script", ["grpo", "dapo", "ppo"])
 def test_routing_replay_runs_end_to_end_on_a_hugging_face_moe(script, hf_moe, jsonl, tmp_path):
     import importlib
-    import json
     importlib.import_module(script).main(
         ["--model", str(hf_moe), "--data", str(jsonl), "--max-new-tokens", "6", "--eval-size", "5", "--steps", "2",
          "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2", "--routing-replay",
          "--gradient-checkpointing", "--out", str(tmp_path)])
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(0 <= r["routing_drift"] <= 1 and r["load_balancing_loss"] > 0 for r in rows[1:])

@@ -1,54 +1,38 @@
-"""Runs that survive: determinism, checkpoints, resume, Ctrl-C, non-finite updates, refusals."""
-import json
+"""Runs that survive: determinism, checkpoints, resume, Ctrl-C, non-finite updates, refusals; and how every
+script runs a step."""
+import math
 import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_NO_STEPS, read_metrics, run
 
 import common
+import dapo
 import grpo
 import gspo
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
-        "--eval-every", "2"]
-
-
-def metrics(out):
-    """Every logged number except wall-clock timings."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("step_time_s", "peak_memory_mb")}
-            for r in rows]
-
-
-def run(argv, capsys=None, script=grpo):
-    """script.main in this process; returns the exit code (0 when it returned) and stderr."""
-    try:
-        script.main(argv)
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-    return code, (capsys.readouterr().err if capsys else "")
 
 
 def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "a")])
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "b")])
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "c"), "--seed", "1"])
-    a, b, c = metrics(tmp_path / "a"), metrics(tmp_path / "b"), metrics(tmp_path / "c")
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "a")])
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "b")])
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "c"), "--seed", "1"])
+    a, b, c = (read_metrics(tmp_path / name, timings=False) for name in "abc")
     assert len(a) == 5 and a == b
     assert a[1:] != c[1:]
 
 
 @pytest.mark.parametrize("script", [grpo, gspo])
 def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path, script):
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")], script=script)
-    run(TINY + ["--steps", "2", "--out", str(tmp_path / "split")], script=script)
+    run(script, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "long")])
+    run(script, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path / "split")])
     assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["step"] == 2
-    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "split")], script=script)
-    assert metrics(tmp_path / "split") == metrics(tmp_path / "long")
+    run(script, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path / "split")])
+    assert read_metrics(tmp_path / "split", timings=False) == read_metrics(tmp_path / "long", timings=False)
     # The final weights are the same too.
     long = torch.load(tmp_path / "long" / "checkpoint.pt", weights_only=True)["policy"]
     split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["policy"]
@@ -56,7 +40,7 @@ def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path, script):
 
 
 def test_ctrl_c_saves_after_the_step_and_resume_continues_exactly(tmp_path, monkeypatch, capsys):
-    run(TINY + ["--steps", "4", "--out", str(tmp_path / "long")])
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "long")])
     real_generate, calls = common.generate, []
 
     def generate_then_ctrl_c(*args, **kw):
@@ -67,11 +51,11 @@ def test_ctrl_c_saves_after_the_step_and_resume_continues_exactly(tmp_path, monk
         return real_generate(*args, **kw)
 
     monkeypatch.setattr(common, "generate", lambda *a, **kw: generate_then_ctrl_c(*a, **kw))
-    code, err = run(TINY + ["--steps", "4", "--out", str(tmp_path / "cut")], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "cut")], capsys)
     assert code == 130 and "saved step 2" in err and "--resume" in err
     monkeypatch.setattr(common, "generate", real_generate)
-    run(TINY + ["--steps", "4", "--resume", str(tmp_path / "cut")])
-    assert metrics(tmp_path / "cut") == metrics(tmp_path / "long")
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path / "cut")])
+    assert read_metrics(tmp_path / "cut", timings=False) == read_metrics(tmp_path / "long", timings=False)
 
 
 def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -87,20 +71,20 @@ def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, mo
 
     monkeypatch.setattr(torch, "save", save_that_breaks)
     with pytest.raises(OSError, match="disk full"):
-        grpo.main(TINY + ["--steps", "4", "--save-every", "1", "--out", str(tmp_path)])
+        grpo.main(TINY_NO_STEPS + ["--steps", "4", "--save-every", "1", "--out", str(tmp_path)])
     monkeypatch.setattr(torch, "save", real_save)
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
-    run(TINY + ["--steps", "4", "--resume", str(tmp_path)])
-    assert [r["step"] for r in metrics(tmp_path)] == [0, 1, 2, 3, 4]
+    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path)])
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("script", [grpo, gspo])
 def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys, script):
     real_loss = script.policy_loss
     monkeypatch.setattr(script, "policy_loss", lambda *a, **kw: (real_loss(*a, **kw)[0] * float("nan"), {}))
-    code, err = run(TINY + ["--steps", "10", "--out", str(tmp_path)], capsys, script)
+    code, err = run(script, TINY_NO_STEPS + ["--steps", "10", "--out", str(tmp_path)], capsys)
     assert code == 1 and "non-finite loss or gradient in 3 steps in a row (steps 1-3)" in err
-    rows = metrics(tmp_path)
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(r["skipped_updates"] == 2 for r in rows[1:])
     # Nothing was applied: the saved policy is the warm-started base.
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
@@ -118,16 +102,16 @@ def test_one_non_finite_update_is_skipped_and_the_run_goes_on(tmp_path, monkeypa
         return (loss * float("nan"), m) if len(calls) == 3 else (loss, m)   # step 2, first minibatch
 
     monkeypatch.setattr(grpo, "policy_loss", nan_once)
-    assert run(TINY + ["--steps", "4", "--out", str(tmp_path)])[0] == 0
-    rows = metrics(tmp_path)
+    assert run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path)])[0] == 0
+    rows = read_metrics(tmp_path)
     assert [r["skipped_updates"] for r in rows[1:]] == [0, 1, 0, 0]
-    assert all(r["grad_norm"] is not None and r["grad_norm"] == r["grad_norm"] for r in rows[1:])
+    assert all(r["grad_norm"] is not None and math.isfinite(r["grad_norm"]) for r in rows[1:])
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished")
-    run(TINY + ["--steps", "2", "--out", str(out)])
+    run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(out)])
     return out
 
 
@@ -138,7 +122,7 @@ def finished(tmp_path_factory):
     (["--out", "elsewhere"], "--resume DIR continues in DIR"),
 ])
 def test_resume_refuses_what_does_not_fit(finished, extra, message, capsys):
-    code, err = run(TINY + ["--steps", "4", "--resume", str(finished)] + extra, capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(finished)] + extra, capsys)
     assert code == 2 and message in err and "Traceback" not in err
 
 
@@ -147,15 +131,15 @@ def test_resume_refuses_a_checkpoint_of_another_algorithm(finished, tmp_path, ca
     checkpoint["algorithm"] = "gspo"
     torch.save(checkpoint, tmp_path / "checkpoint.pt")
     (tmp_path / "metrics.jsonl").write_text((finished / "metrics.jsonl").read_text())
-    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path)], capsys)
     assert code == 2 and "the checkpoint is from gspo.py, not grpo.py" in err
 
 
 def test_resume_refuses_missing_or_broken_checkpoints(tmp_path, capsys):
-    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--resume", str(tmp_path)], capsys)
     assert code == 2 and "no checkpoint.pt in that folder" in err
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--resume", str(tmp_path)], capsys)
     assert code == 2 and "cannot read checkpoint.pt" in err
 
 
@@ -164,7 +148,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path, capsys):
         def __reduce__(self):
             return (print, ("this must never run",))
     torch.save({"algorithm": "grpo", "payload": Payload()}, tmp_path / "checkpoint.pt")
-    code, err = run(TINY + ["--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--resume", str(tmp_path)], capsys)
     assert code == 2 and "cannot read checkpoint.pt" in err and "this must never run" not in err
 
 
@@ -172,25 +156,25 @@ def test_a_reward_function_that_raises_names_the_prompt(tmp_path, monkeypatch, c
     def broken(completion, answer, finished):
         raise ValueError("cannot parse")
     monkeypatch.setattr(common, "toy_reward", broken)
-    code, err = run(TINY + ["--steps", "1", "--out", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "1", "--out", str(tmp_path)], capsys)
     assert code == 2 and "the reward function raised ValueError: cannot parse (prompt '" in err
     assert err.count("\n") == 1
 
 
 def test_a_second_run_leaves_the_first_untouched(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                                        # runs/ goes here
-    run(TINY + ["--steps", "2"])
+    run(grpo, TINY_NO_STEPS + ["--steps", "2"])
     (first,) = (tmp_path / "runs").iterdir()
     before = {f.name: f.read_bytes() for f in first.iterdir()}
     assert first.name.startswith("grpo-add-") and set(before) == {"metrics.jsonl", "checkpoint.pt"}
-    run(TINY + ["--steps", "2", "--seed", "1"])
+    run(grpo, TINY_NO_STEPS + ["--steps", "2", "--seed", "1"])
     assert len(list((tmp_path / "runs").iterdir())) == 2
     assert {f.name: f.read_bytes() for f in first.iterdir()} == before
 
 
 def test_an_out_folder_that_holds_a_run_is_refused(finished, capsys):
     metrics_before = (finished / "metrics.jsonl").read_text()
-    code, err = run(TINY + ["--steps", "4", "--out", str(finished)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(finished)], capsys)
     assert code == 2 and err.count("\n") == 1
     assert f"--out {finished} already holds a run; continue it with --resume {finished}" in err
     assert (finished / "metrics.jsonl").read_text() == metrics_before
@@ -198,10 +182,10 @@ def test_an_out_folder_that_holds_a_run_is_refused(finished, capsys):
 
 def test_resume_without_metrics_is_one_line(finished, tmp_path, capsys):
     (tmp_path / "checkpoint.pt").write_bytes((finished / "checkpoint.pt").read_bytes())
-    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path)], capsys)
     assert code == 2 and err.count("\n") == 1 and "no metrics.jsonl in that folder" in err
     (tmp_path / "metrics.jsonl").write_text("not json\n")
-    code, err = run(TINY + ["--steps", "4", "--resume", str(tmp_path)], capsys)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path)], capsys)
     assert code == 2 and err.count("\n") == 1 and "metrics.jsonl is not valid JSON lines" in err
 
 
@@ -211,7 +195,7 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path):
     import sys
     import time
     out = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "grpo.py", *TINY, "--steps", "1000", "--save-every", "0",
+    process = subprocess.Popen([sys.executable, "grpo.py", *TINY_NO_STEPS, "--steps", "1000", "--save-every", "0",
                                 "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "metrics.jsonl").exists()
@@ -221,4 +205,16 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path):
     _, err = process.communicate(timeout=120)
     saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     assert process.returncode == 128 + signal.SIGTERM and "SIGTERM: finishing this step" in err
-    assert f"saved step {saved} to" in err and saved == metrics(out)[-1]["step"] >= 2
+    assert f"saved step {saved} to" in err and saved == read_metrics(out)[-1]["step"] >= 2
+
+
+@pytest.mark.parametrize("script", [grpo, gspo, dapo])
+def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script, tmp_path, monkeypatch):
+    # One optimizer step per rollout batch: the update's own forward pass gives the old log-probs
+    # (detached), so there is no separate pass, and the ratio is exactly 1.
+    monkeypatch.setattr(common, "fixed_logprobs", lambda *a: pytest.fail("a separate old log-prob pass"))
+    script.main(["--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "1",
+                 "--eval-size", "16", "--out", str(tmp_path)])
+    for r in read_metrics(tmp_path)[1:]:
+        assert r["clip_frac"] == 0.0 and r["approx_kl"] == 0.0 and r["routing_drift"] == 0.0
+        assert r["entropy"] > 0 and r["token_ratio_var"] == 0.0
