@@ -79,7 +79,7 @@ EXPERIMENTS = {
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
     "hf-moe": (["--model", str(HF_MOE), "--data", str(HF_MOE / "add.jsonl"), "--reward", f"{HF_MOE / 'reward.py'}:digits",
-                "--max-new-tokens", "8", "--eval-size", "100"], 150, 5, [
+                "--max-new-tokens", "8", "--eval-size", "100"], 300, 5, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
@@ -397,7 +397,8 @@ def report(seeds, quick):
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
         steps = quick_steps if quick else full_steps
-        lines += [f"## {name}: `{' '.join(shared) or 'defaults'}`, {steps or 'the default'} steps", ""]
+        flags = " ".join(shared).replace(str(ROOT) + "/", "") or "defaults"
+        lines += [f"## {name}: `{flags}`, {steps or 'the default'} steps", ""]
         if name not in ("depth", "defaults"):  # the deeper models have bases of their own
             lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base else
                                                               "no run ended above the base."), ""]
