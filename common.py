@@ -271,7 +271,8 @@ def output_head(model):
 
 def head_logits(model, hidden):
     """The vocabulary head on final hidden states, as the model's own forward applies it, in fp32:
-    Granite divides the logits by a constant and Gemma soft-caps them; load_hf checks the result."""
+    Granite divides the logits by a constant and Gemma soft-caps them; check_scoring, when the model
+    loads, checks that this gives the logits of its own forward."""
     logits = output_head(model)(hidden)
     config = getattr(model, "config", None)
     if getattr(config, "logits_scaling", None):
