@@ -74,12 +74,13 @@ EXPERIMENTS = {
         ("2 layers", "grpo.py", ["--n-layers", "2"]),
         ("4 layers", "grpo.py", ["--n-layers", "4"]),
         ("8 layers", "grpo.py", ["--n-layers", "8"])]),
-    "fine": (["--task", "add", "--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"], 300, 10, [
+    "fine": (["--task", "add", "--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"],
+             300, 10, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
-    "hf-moe": (["--model", str(HF_MOE), "--data", str(HF_MOE / "add.jsonl"), "--reward", f"{HF_MOE / 'reward.py'}:digits",
-                "--max-new-tokens", "8", "--eval-size", "100"], 300, 5, [
+    "hf-moe": (["--model", str(HF_MOE), "--data", str(HF_MOE / "add.jsonl"),
+                "--reward", f"{HF_MOE / 'reward.py'}:digits", "--max-new-tokens", "8", "--eval-size", "100"], 300, 5, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
@@ -225,7 +226,8 @@ def summarise(rows, target=None):
     first = steps[:max(1, len(steps) // 8)]                          # "at the start": the first 1/8 of steps
     mean = lambda key, rs=last: nanmean([r.get(key) for r in rs])
     return {
-        "sampled_accuracy_start": nanmean([sampled_accuracy(r) for r in first]), "entropy_start": mean("entropy", first),
+        "sampled_accuracy_start": nanmean([sampled_accuracy(r) for r in first]),
+        "entropy_start": mean("entropy", first),
         "time_generate": mean("time_generate_s", steps), "time_old_logp": mean("time_old_logp_s", steps),
         "time_update": mean("time_update_s", steps) + nanmean([r.get("time_critic_s", 0.0) for r in steps]),
         "train_seconds": clock,
@@ -238,7 +240,8 @@ def summarise(rows, target=None):
         "steps_to_truncation_2pct": next((r["step"] for r in steps
                                           if r.get("sampled_truncated_frac", r["truncated_frac"]) < 0.02), None),
         "routing_drift": mean("routing_drift", steps),
-        "log_ratio_rerouted": mean("abs_log_ratio_rerouted", steps), "log_ratio_other": mean("abs_log_ratio_other", steps),
+        "log_ratio_rerouted": mean("abs_log_ratio_rerouted", steps),
+        "log_ratio_other": mean("abs_log_ratio_other", steps),
         "ratio_var_mean": mean("token_ratio_var", steps),
         "ratio_var_max": max((r["token_ratio_var"] for r in steps if r.get("token_ratio_var") is not None),
                              default=float("nan")),
@@ -262,49 +265,36 @@ def mean_std(values, fmt="{:.3f}"):
     return text
 
 
-# column title, summary key, format
-COLUMNS = {
-    "defaults": [("base eval acc", "base", "{:.3f}"), ("final eval acc", "final", "{:.3f}"),
-                 ("sampled acc, first 1/8", "sampled_accuracy_start", "{:.3f}"),
-                 ("sampled acc, last 1/10", "sampled_accuracy_end", "{:.3f}"),
-                 ("entropy, first 1/8", "entropy_start", "{:.2f}"), ("entropy, last 1/10", "entropy_end", "{:.2f}"),
-                 ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
-                 ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"),
-                 ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
-                 ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
-                 ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}"),
-                 ("generate", "time_generate", "{:.3f}"), ("old log-probs", "time_old_logp", "{:.3f}"),
-                 ("update (+ critic)", "time_update", "{:.3f}"), ("training seconds", "train_seconds", "{:.0f}"),
-                 ("peak MB", "peak_memory_mb", "{:.0f}")],
-    "main": [("final eval acc", "final", "{:.3f}"), ("eval acc at equal completions", "at_equal_completions", "{:.3f}"),
-             ("steps to half-gap", "steps_to_target", "{:.0f}"), ("seconds to half-gap", "seconds_to_target", "{:.0f}"),
-             ("clip frac", "clip_frac", "{:.4f}"), ("entropy (end)", "entropy_end", "{:.3f}"),
-             ("length (end)", "length_end", "{:.2f}"), ("routing drift", "routing_drift", "{:.4f}"),
-             ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
-             ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
-             ("peak MB", "peak_memory_mb", "{:.0f}"), ("s/step", "seconds_per_step", "{:.3f}"),
-             ("completions/step", "completions_per_step", "{:.0f}")],
-    "length": [("final eval acc", "final", "{:.3f}"), ("eval acc at equal completions", "at_equal_completions", "{:.3f}"),
-               ("steps to < 2% truncated", "steps_to_truncation_2pct", "{:.0f}"), ("truncated (end)", "truncated_end", "{:.3f}"),
-               ("length (end)", "length_end", "{:.2f}"), ("entropy (end)", "entropy_end", "{:.3f}"),
-               ("clip frac", "clip_frac", "{:.4f}"), ("steps to half-gap", "steps_to_target", "{:.0f}"),
-               ("s/step", "seconds_per_step", "{:.3f}"), ("completions/step", "completions_per_step", "{:.0f}")],
-    "stress": [("final eval acc", "final", "{:.3f}"), ("sampled acc (end)", "sampled_accuracy_end", "{:.3f}"),
-               ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
-               ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
-               ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
-               ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}")],
-    "fine": [("final eval acc", "final", "{:.3f}"), ("sampled acc (end)", "sampled_accuracy_end", "{:.3f}"),
-             ("clip frac", "clip_frac", "{:.4f}"), ("routing drift", "routing_drift", "{:.4f}"),
-             ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"), ("\\|log r\\| other", "log_ratio_other", "{:.3f}"),
-             ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"), ("token-ratio var, max", "ratio_var_max", "{:.3g}"),
-             ("grad norm, max", "grad_norm_max", "{:.3g}"), ("s/step", "seconds_per_step", "{:.3f}")],
-    "depth": [("base eval acc", "base", "{:.3f}"), ("routing drift", "routing_drift", "{:.4f}"), ("\\|log r\\| re-routed", "log_ratio_rerouted", "{:.3f}"),
-              ("\\|log r\\| other", "log_ratio_other", "{:.3f}"), ("token-ratio var, mean", "ratio_var_mean", "{:.4f}"),
-              ("final eval acc", "final", "{:.3f}"), ("s/step", "seconds_per_step", "{:.3f}")],
+# summary key: (column title, format); "start" is the first 1/8 of the steps, "end" the last 1/10
+TITLES = {
+    "base": ("base eval acc", "{:.3f}"), "final": ("final eval acc", "{:.3f}"),
+    "at_equal_completions": ("eval acc at equal completions", "{:.3f}"),
+    "sampled_accuracy_start": ("sampled acc (start)", "{:.3f}"),
+    "sampled_accuracy_end": ("sampled acc (end)", "{:.3f}"),
+    "entropy_start": ("entropy (start)", "{:.2f}"), "entropy_end": ("entropy (end)", "{:.3f}"),
+    "steps_to_target": ("steps to half-gap", "{:.0f}"), "seconds_to_target": ("seconds to half-gap", "{:.0f}"),
+    "steps_to_truncation_2pct": ("steps to < 2% truncated", "{:.0f}"), "truncated_end": ("truncated (end)", "{:.3f}"),
+    "length_end": ("length (end)", "{:.2f}"), "clip_frac": ("clip frac", "{:.4f}"),
+    "routing_drift": ("routing drift", "{:.4f}"), "log_ratio_rerouted": ("\\|log r\\| re-routed", "{:.3f}"),
+    "log_ratio_other": ("\\|log r\\| other", "{:.3f}"), "ratio_var_mean": ("token-ratio var, mean", "{:.4f}"),
+    "ratio_var_max": ("token-ratio var, max", "{:.3g}"), "grad_norm_max": ("grad norm, max", "{:.3g}"),
+    "seconds_per_step": ("s/step", "{:.3f}"), "time_generate": ("generate", "{:.3f}"),
+    "time_old_logp": ("old log-probs", "{:.3f}"), "time_update": ("update (+ critic)", "{:.3f}"),
+    "train_seconds": ("training seconds", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
+    "completions_per_step": ("completions/step", "{:.0f}"),
 }
-
-
+ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
+COLUMNS = {name: keys.split() for name, keys in {
+    "defaults": f"base final sampled_accuracy_start sampled_accuracy_end entropy_start entropy_end clip_frac {ROUTING} "
+                "grad_norm_max seconds_per_step time_generate time_old_logp time_update train_seconds peak_memory_mb",
+    "main": f"final at_equal_completions steps_to_target seconds_to_target clip_frac entropy_end length_end {ROUTING} "
+            "peak_memory_mb seconds_per_step completions_per_step",
+    "length": "final at_equal_completions steps_to_truncation_2pct truncated_end length_end entropy_end clip_frac "
+              "steps_to_target seconds_per_step completions_per_step",
+    "stress": f"final sampled_accuracy_end clip_frac {ROUTING} grad_norm_max seconds_per_step",
+    "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
+}.items()}
+COLUMNS["fine"] = COLUMNS["stress"]
 COLUMNS["hf-moe"] = COLUMNS["fine"]  # there "accuracy" is the mean partial-credit reward
 
 
@@ -323,11 +313,11 @@ def table(name, runs):
     finals = {label: statistics.mean(summarise(rs)["final"] for rs in seeds) for label, seeds in runs.items() if seeds}
     base = statistics.mean(summarise(rs)["base"] for seeds in runs.values() for rs in seeds)
     target = base + (max(finals.values()) - base) / 2
-    header = ["run", "seeds"] + [title for title, _, _ in COLUMNS[name]]
+    header = ["run", "seeds"] + [TITLES[key][0] for key in COLUMNS[name]]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, seeds in runs.items():
         rows = [summarise(rs, target) for rs in seeds]
-        cells = [mean_std([r[key] for r in rows], fmt) for _, key, fmt in COLUMNS[name]]
+        cells = [mean_std([r[key] for r in rows], TITLES[key][1]) for key in COLUMNS[name]]
         lines.append("| " + " | ".join([label, str(len(rows))] + cells) + " |")
     return lines, base, target
 
@@ -370,7 +360,8 @@ def figure(name, runs, path):
         axes[0, 1].plot(sampled[1], smooth(sampled[2], width), label=label)
         axes[1, 0].plot(greedy[0], greedy[2], marker=".", label=label)
         axes[1, 1].plot(greedy[1], greedy[2], marker=".", label=label)
-    for ax, (x, y) in zip(axes.flat, [("step", "sampled reward (accuracy)"), ("training seconds", "sampled reward (accuracy)"),
+    for ax, (x, y) in zip(axes.flat, [("step", "sampled reward (accuracy)"),
+                                      ("training seconds", "sampled reward (accuracy)"),
                                       ("step", "greedy eval accuracy"), ("training seconds", "greedy eval accuracy")]):
         ax.set_xlabel(x)
         ax.set_ylabel(y)
@@ -389,7 +380,8 @@ def report(seeds, quick):
     lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
              f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}` (mean ± std over seeds, "
              f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
-             f"--seeds 1 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it).", ""]
+             f"--seeds 1 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it). \"start\" is the "
+             f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps.", ""]
     for name in EXPERIMENTS:
         runs = collect(name, seeds, quick)
         if not any(runs.values()):

@@ -207,7 +207,8 @@ def trl_table(device, steps, rounds, tmp):
     profile = Path(tmp) / "trl.prof"
     trl_step_times(model, data, steps, device, profile=str(profile))
     share = profile_share(profile, ["generate", "_get_per_token_logps_and_entropies", "backward", "step"])
-    ours = f"generation {phases['generate']:.3f} s, old log-probs {phases['old_logp']:.3f} s, update {phases['update']:.3f} s"
+    ours = (f"generation {phases['generate']:.3f} s, old log-probs {phases['old_logp']:.3f} s, "
+            f"update {phases['update']:.3f} s")
     theirs = (f"`generate` {share['generate']:.0%}, loss forward {share['_get_per_token_logps_and_entropies']:.0%}, "
               f"backward {share['backward']:.0%}, optimizer {share['step']:.0%} (of a profiled `train()`)")
     lines = [f"Tiny Qwen3-MoE ({n_params / 1e3:.0f}k parameters: hidden 64, 2 layers, 8 experts top-2), 8 prompts × "
@@ -241,13 +242,15 @@ def main(argv=None):
     parts = args.only.split(",")
     cpu = f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads" if args.device == "cpu" else \
         torch.cuda.get_device_name()
+    device_flag = "" if args.device == "cpu" else f" --device {args.device}"
     lines = [f"# Speed ({args.device}: {cpu}; torch {torch.__version__})", "",
-             f"Regenerate: `python benchmarks/speed.py{'' if args.device == 'cpu' else ' --device ' + args.device}`.", ""]
+             f"Regenerate: `python benchmarks/speed.py{device_flag}`.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         if "phases" in parts:
             lines += ["## Seconds per step, by phase", "", *phase_table(args.device, args.steps, tmp), ""]
         if "generation" in parts:
-            lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "", *generation_table(args.device), ""]
+            lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "",
+                      *generation_table(args.device), ""]
         if "trl" in parts:
             lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
                                                                                    args.rounds, tmp), ""]
