@@ -340,7 +340,7 @@ class RouterTopK(torch.overrides.TorchFunctionMode):
         result = func(*args, **kwargs)
         k = args[1] if len(args) > 1 else kwargs.get("k")
         if func not in (torch.topk, torch.Tensor.topk) or k != self.router.top_k \
-                or args[0].shape[-1] != self.router.num_experts:
+                or args[0].shape[-1] != self.router.num_experts or args[0].dim() != 2:   # [tokens, experts]
             return result
         self.router.chosen = result.indices                 # what the router chooses now [tokens, k]
         if self.router.replay is None:
@@ -410,9 +410,9 @@ def is_toy_moe(model):
 
 def check_replay(model):
     """--routing-replay stops before training unless the model's routing can really be replayed: the toy
-    MoE, or a Hugging Face MoE model whose every router's top-k was caught, and whose log-probs under the
-    replay of its own choices are exactly those of free routing (a hub kernel that bypasses the router
-    module, for one, fails this)."""
+    MoE, or a Hugging Face MoE model whose every router's top-k was caught, whose output under the replay
+    of its own choices is exactly that of free routing, and changes under the replay of other experts (a
+    hub kernel that bypasses the router module, for one, fails this)."""
     if isinstance(model, MoETransformer):
         check(is_toy_moe(model), "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
                                  "is dense)")
@@ -426,9 +426,10 @@ def check_replay(model):
         check(routing is not None, f"--routing-replay: the routers of {name} do not make the top-k choice this "
                                    f"code intercepts (a kernel may bypass them); it cannot be replayed")
         replayed = trunk(model, tokens, torch.ones_like(tokens), routing)[0]
+        other = trunk(model, tokens, torch.ones_like(tokens), (routing + 1) % routers(model)[0].num_experts)[0]
     set_replay(model, None)
-    check(torch.equal(free, replayed), f"--routing-replay: replaying {name}'s own routing changes its output; "
-                                       f"it cannot be replayed")
+    check(torch.equal(free, replayed) and not torch.equal(free, other),
+          f"--routing-replay: replaying routing on {name} does not act as it should; it cannot be replayed")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,12 +779,12 @@ def marked_answer(text):
 
 
 def final_answer(text):
-    """The final answer: the last box, else the `####` line, else the last number; None if there is none.
+    """The final answer: the last box, else the `####` line, else the last number (a/b is one); None if none.
     An empty box gives "", which never scores."""
     marked = marked_answer(text)
     if marked is not None:
         return marked
-    numbers = re.findall(NUMBER_IN_TEXT, text)
+    numbers = re.findall(rf"{NUMBER_IN_TEXT}(?:/(?:{NUMBER}))?", text)  # 3/4 is one number
     return numbers[-1] if numbers else None
 
 

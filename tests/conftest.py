@@ -107,7 +107,8 @@ def hf_tied(tmp_path_factory):
 
 
 def moe_configs():
-    """Tiny configs of six Hugging Face Mixture-of-Experts families, 8 experts top-2, 2 layers."""
+    """Tiny configs of six Hugging Face Mixture-of-Experts families (DeepSeek-V3 also with one expert group),
+    8 experts top-2, 2 layers."""
     from transformers import (DeepseekV3Config, GraniteMoeConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
                               Qwen3MoeConfig)
     base = dict(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -128,7 +129,12 @@ def moe_configs():
                                         moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
                                         topk_group=2, first_k_dense_replace=0, n_shared_experts=1, q_lora_rank=None,
                                         kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8),
-    }
+    } | {  # one group: its group top-k, over [tokens, 1, experts], must not be taken for the choice
+        "deepseek_v3_one_group": DeepseekV3Config(**base | {"num_key_value_heads": 4}, intermediate_size=64,
+                                                  moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                                                  n_group=1, topk_group=1, first_k_dense_replace=0,
+                                                  n_shared_experts=1, q_lora_rank=None, kv_lora_rank=16,
+                                                  qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)}
 
 
 MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "deepseek_v3"]

@@ -68,6 +68,9 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{90^\\circ}", "90", True, 1.0),
     ("\\boxed{10{,}000}", "10000", True, 1.0),
     ("1e3", "1000", True, 0.0),                         # no scientific notation: the last number is 3
+    ("The answer is 3/4.", "3/4", True, 1.0),          # a fraction in running text is one number
+    ("so each gets 6/8 of it", "0.75", True, 1.0),
+    ("12/4 = 3", "3", True, 1.0),
     # Strings: nested braces, LaTeX dressing, whitespace
     ("\\boxed{\\text{(A)}}", "(A)", True, 1.0),
     ("\\boxed{x^{2}}", "x^2", True, 1.0),               # x^{2} and x^2 are the same in LaTeX...

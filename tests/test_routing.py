@@ -27,7 +27,7 @@ def logprobs_and_grads(model, batch, routing=None):
     return logp.detach(), chosen, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", MOE_FAMILIES + ["deepseek_v3_one_group"])
 def test_the_recorded_experts_are_the_ones_the_layer_used(family, tiny_moe):
     model = tiny_moe(family)
     used = []                                       # what each layer's experts module was given, independently
@@ -38,7 +38,7 @@ def test_the_recorded_experts_are_the_ones_the_layer_used(family, tiny_moe):
     _, _, recorded, aux_loss = common.logprobs(model, WORLD, batch, 1.0)
     assert recorded.shape == (2, 4, 13, 2) and len(used) == 2 and aux_loss > 0
     assert all(torch.equal(u.view(4, 13, 2), r) for u, r in zip(used, recorded))
-    if family == "deepseek_v3":                     # the naive reading, top-k of the router logits, is wrong here
+    if family.startswith("deepseek_v3"):            # the naive reading, top-k of the router logits, is wrong here
         logits = []
         for router in common.routers(model):
             router.register_forward_hook(lambda module, args, out: logits.append(out[0]))
@@ -48,7 +48,7 @@ def test_the_recorded_experts_are_the_ones_the_layer_used(family, tiny_moe):
 
 
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", MOE_FAMILIES + ["deepseek_v3_one_group"])
 def test_replay_at_unchanged_weights_equals_free_routing_exactly(family, gradient_checkpointing, tiny_moe):
     model = tiny_moe(family, gradient_checkpointing)
     batch = rollout()
@@ -124,6 +124,24 @@ def test_a_router_whose_top_k_is_not_seen_stops_with_one_line(hf_moe, jsonl, cap
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: --routing-replay: the routers of Qwen3MoeForCausalLM do not make "
                                          "the top-k choice this code intercepts") and "Traceback" not in err
+
+
+def test_a_router_that_ignores_the_replayed_experts_stops_with_one_line(hf_moe, jsonl, capsys, monkeypatch):
+    """The top-k is made where it is watched, but its experts are not the ones the layer uses: replaying
+    would change nothing, so it must not be trusted."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    def forward(self, hidden_states):
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+        torch.topk(logits, self.top_k, dim=-1)                        # seen, then thrown away
+        experts = logits.argsort(-1, descending=True)[:, :self.top_k]
+        return logits, logits.softmax(-1).gather(-1, experts), experts
+    monkeypatch.setattr(Qwen3MoeTopKRouter, "forward", forward)
+    code, err = run(grpo, ["--model", str(hf_moe), "--data", str(jsonl), "--max-new-tokens", "6",
+                           "--routing-replay"], capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == ("error: --routing-replay: replaying routing on "
+                                                          "Qwen3MoeForCausalLM does not act as it should; it "
+                                                          "cannot be replayed") and "Traceback" not in err
 
 
 @pytest.mark.parametrize("script", ["grpo", "dapo", "ppo"])
