@@ -389,8 +389,8 @@ def report(seeds, quick):
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
         steps = quick_steps if quick else full_steps
-        flags = " ".join(shared).replace(str(ROOT) + "/", "") or "defaults"
-        lines += [f"## {name}: `{flags}`, {steps or 'the default'} steps", ""]
+        flags = " ".join(shared).replace(str(ROOT) + "/", "")
+        lines += [f"## {name}: " + (f"`{flags}`, {steps} steps" if flags else "no flags, the scripts' own steps"), ""]
         if name not in ("depth", "defaults"):  # the deeper models have bases of their own
             lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base else
                                                               "no run ended above the base."), ""]
