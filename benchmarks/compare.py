@@ -233,7 +233,7 @@ def summarise(rows, target=None):
         "train_seconds": clock,
         "base": evals[0][1], "final": evals[-1][1], "at_equal_completions": at_budget,
         "steps_to_target": reached, "seconds_to_target": None if reached is None else wall[reached],
-        "sampled_accuracy_end": nanmean([sampled_accuracy(r) for r in last]),
+        "sampled_accuracy_end": nanmean([sampled_accuracy(r) for r in last]), "reward_end": mean("reward_mean"),
         "clip_frac": mean("clip_frac", steps), "entropy_end": mean("entropy"),
         "length_end": mean("response_len_mean"),
         "truncated_end": nanmean([r.get("sampled_truncated_frac", r["truncated_frac"]) for r in last]),
@@ -270,7 +270,7 @@ TITLES = {
     "base": ("base eval acc", "{:.3f}"), "final": ("final eval acc", "{:.3f}"),
     "at_equal_completions": ("eval acc at equal completions", "{:.3f}"),
     "sampled_accuracy_start": ("sampled acc (start)", "{:.3f}"),
-    "sampled_accuracy_end": ("sampled acc (end)", "{:.3f}"),
+    "sampled_accuracy_end": ("sampled acc (end)", "{:.3f}"), "reward_end": ("sampled reward (end)", "{:.3f}"),
     "entropy_start": ("entropy (start)", "{:.2f}"), "entropy_end": ("entropy (end)", "{:.3f}"),
     "steps_to_target": ("steps to half-gap", "{:.0f}"), "seconds_to_target": ("seconds to half-gap", "{:.0f}"),
     "steps_to_truncation_2pct": ("steps to < 2% truncated", "{:.0f}"), "truncated_end": ("truncated (end)", "{:.3f}"),
@@ -295,7 +295,8 @@ COLUMNS = {name: keys.split() for name, keys in {
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
-COLUMNS["hf-moe"] = COLUMNS["fine"]  # there "accuracy" is the mean partial-credit reward
+# with its partial-credit reward, "eval acc" is the mean reward of the greedy answers, and the sampled one is shown
+COLUMNS["hf-moe"] = [{"sampled_accuracy_end": "reward_end"}.get(key, key) for key in COLUMNS["fine"]]
 
 
 def collect(name, seeds, quick):
