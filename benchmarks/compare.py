@@ -1,6 +1,6 @@
 """The study: the four algorithms side by side on the toy MoE, several seeds each.
 
-    python benchmarks/compare.py            # the full study, about 45 min on 2 CPU cores
+    python benchmarks/compare.py            # the full study, 72 runs: about 2 hours on 2 CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
     python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs

@@ -149,8 +149,12 @@ def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
 def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monkeypatch):
     recorded, replayed = [], []
     fixed_logprobs, logprobs = common.fixed_logprobs, common.logprobs
-    monkeypatch.setattr(common, "fixed_logprobs",
-                        lambda *a: recorded.append(fixed_logprobs(*a)[2]) or fixed_logprobs(*a))
+
+    def record(*a):                                                    # the experts of the old log-probs
+        out = fixed_logprobs(*a)
+        recorded.append(out[2])
+        return out
+    monkeypatch.setattr(common, "fixed_logprobs", record)
     monkeypatch.setattr(common, "logprobs", lambda *a: replayed.append(a[4] if len(a) > 4 else None) or logprobs(*a))
     grpo.main(TINY + ["--routing-replay", "--out", str(tmp_path)])
     replayed = [r for r in replayed if r is not None]
