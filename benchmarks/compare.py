@@ -270,7 +270,7 @@ TITLES = {
     "base": ("base eval acc", "{:.3f}"), "final": ("final eval acc", "{:.3f}"),
     "at_equal_completions": ("eval acc at equal completions", "{:.3f}"),
     "sampled_accuracy_start": ("sampled acc (start)", "{:.3f}"),
-    "sampled_accuracy_end": ("sampled acc (end)", "{:.3f}"), "reward_end": ("sampled reward (end)", "{:.3f}"),
+    "sampled_accuracy_end": ("sampled acc (end)", "{:.3f}"), "reward_end": ("sampled reward, partial credit (end)", "{:.3f}"),
     "entropy_start": ("entropy (start)", "{:.2f}"), "entropy_end": ("entropy (end)", "{:.3f}"),
     "steps_to_target": ("steps to half-gap", "{:.0f}"), "seconds_to_target": ("seconds to half-gap", "{:.0f}"),
     "steps_to_truncation_2pct": ("steps to < 2% truncated", "{:.0f}"), "truncated_end": ("truncated (end)", "{:.3f}"),
@@ -295,8 +295,16 @@ COLUMNS = {name: keys.split() for name, keys in {
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
-# with its partial-credit reward, "eval acc" is the mean reward of the greedy answers, and the sampled one is shown
-COLUMNS["hf-moe"] = [{"sampled_accuracy_end": "reward_end"}.get(key, key) for key in COLUMNS["fine"]]
+# What the sampled column and curves show: accuracy, except hf-moe's partial-credit reward (a random model never
+# earns the exact one). The table and the figure both read it from here, so they cannot show different things.
+SAMPLED = {"hf-moe": "reward_end"}
+CURVE_OF = {"sampled_accuracy_end": ("sampled accuracy", sampled_accuracy),
+            "reward_end": ("sampled reward, partial credit", lambda r: r["reward_mean"])}
+COLUMNS["hf-moe"] = [SAMPLED["hf-moe"] if key == "sampled_accuracy_end" else key for key in COLUMNS["fine"]]
+
+
+def sampled_key(name):
+    return SAMPLED.get(name, "sampled_accuracy_end")
 
 
 def collect(name, seeds, quick):
@@ -323,27 +331,61 @@ def table(name, runs):
     return lines, base, target
 
 
-def curve(seeds, key):
-    """Mean over seeds of a per-step quantity, against step and against training seconds. Row i of
-    every metrics.jsonl is step i (row 0: the base's evaluation)."""
+def curve(seeds, key, width=1):
+    """One per-step quantity over seeds: (steps, training seconds, mean, std), each seed's values first
+    smoothed by a moving mean over `width` steps. Row i of every metrics.jsonl is step i (row 0: the base's
+    evaluation); steps where any seed has no value (evaluations come every few steps) are left out."""
     n = min(len(rs) for rs in seeds)
     clocks = [[0.0] * n for _ in seeds]
     for rs, clock in zip(seeds, clocks):
         for i in range(1, n):
             clock[i] = clock[i - 1] + rs[i].get("step_time_s", 0.0)
-    steps, walls, values = [], [], []
-    for i in range(n):
-        rows = [rs[i] for rs in seeds]
-        if any(key(r) is None for r in rows):
-            continue
-        steps.append(i)
-        walls.append(statistics.mean(clock[i] for clock in clocks))
-        values.append(statistics.mean(key(r) for r in rows))
-    return steps, walls, values
+    steps = [i for i in range(n) if all(key(rs[i]) is not None for rs in seeds)]
+    per_seed = [smooth([key(rs[i]) for i in steps], width) for rs in seeds]
+    walls = [statistics.mean(clock[i] for clock in clocks) for i in steps]
+    means = [statistics.mean(values) for values in zip(*per_seed)]
+    stds = [statistics.stdev(values) if len(values) > 1 else 0.0 for values in zip(*per_seed)]
+    return steps, walls, means, stds
 
 
 def smooth(values, width):
     return [statistics.mean(values[max(0, i - width + 1):i + 1]) for i in range(len(values))]
+
+
+def smoothing(runs):
+    """The moving mean's width for per-step curves: 1/30 of the steps (evaluations are not smoothed)."""
+    return max(1, (min(len(rs) for seeds in runs.values() for rs in seeds if seeds) - 1) // 30)
+
+
+def panels(name, runs):
+    """What an experiment's figure shows, as data: four panels, each a dict of x and y labels, y range,
+    dashed lines and {run: (x, mean, std)}. Accuracy panels run from 0 to 1 with the base dashed. `length`
+    shows what its claims are about: the share truncated (unsmoothed, log steps, 2% dashed) and the
+    completion length, then greedy accuracy."""
+    runs = {label: seeds for label, seeds in runs.items() if seeds}
+    width = smoothing(runs)
+    base = statistics.mean(rs[0]["eval_accuracy"] for seeds in runs.values() for rs in seeds)
+
+    def sampled(value):                    # a per-step value of the samples; row 0 is the base's evaluation
+        return lambda r: value(r) if "step_time_s" in r else None
+
+    def panel(x, y, key, width=1, ylim=(0, 1), lines=(base,), xscale="linear"):
+        series = {}
+        for label, seeds in runs.items():
+            steps, walls, means, stds = curve(seeds, key, width)
+            series[label] = (steps if x == "step" else walls, means, stds)
+        return dict(x=x, y=y, ylim=ylim, lines=lines, xscale=xscale, series=series)
+
+    greedy = "greedy eval reward, partial credit" if name == "hf-moe" else "greedy eval accuracy"
+    bottom = [panel(x, greedy, lambda r: r.get("eval_accuracy")) for x in ("step", "training seconds")]
+    if name == "length":
+        truncated = sampled(lambda r: r.get("sampled_truncated_frac", r["truncated_frac"]))
+        return [panel("step", "share of samples truncated", truncated, ylim=(0, None), lines=(0.02,), xscale="log"),
+                panel("step", "completion length, tokens", sampled(lambda r: r["response_len_mean"]),
+                      width, ylim=(0, None), lines=())] + bottom
+    what, value = CURVE_OF[sampled_key(name)]
+    return [panel(x, what, sampled(value), width)
+            for x in ("step", "training seconds")] + bottom
 
 
 def figure(name, runs, path):
@@ -351,24 +393,20 @@ def figure(name, runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for label, seeds in runs.items():
-        if not seeds:
-            continue
-        sampled = curve(seeds, lambda r: sampled_accuracy(r) if "step_time_s" in r else None)
-        greedy = curve(seeds, lambda r: r.get("eval_accuracy"))
-        width = max(1, len(sampled[0]) // 30)
-        axes[0, 0].plot(sampled[0], smooth(sampled[2], width), label=label)
-        axes[0, 1].plot(sampled[1], smooth(sampled[2], width), label=label)
-        axes[1, 0].plot(greedy[0], greedy[2], marker=".", label=label)
-        axes[1, 1].plot(greedy[1], greedy[2], marker=".", label=label)
-    for ax, (x, y) in zip(axes.flat, [("step", "sampled reward (accuracy)"),
-                                      ("training seconds", "sampled reward (accuracy)"),
-                                      ("step", "greedy eval accuracy"), ("training seconds", "greedy eval accuracy")]):
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+    for ax, p in zip(axes.flat, panels(name, runs)):
+        for label, (xs, means, stds) in p["series"].items():
+            ax.plot(xs, means, label=label, marker="." if len(xs) < 40 else None)
+            ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                            alpha=0.2)
+        for value in p["lines"]:
+            ax.axhline(value, color="grey", linestyle="--", linewidth=1)
+        ax.set(xlabel=p["x"], ylabel=p["y"], ylim=p["ylim"], xscale=p["xscale"])
         ax.grid(alpha=0.3)
     axes[0, 0].legend()
-    fig.suptitle(f"{name}: mean over {len(next(iter(runs.values())))} seeds; sampled reward smoothed")
+    seeds = max(len(s) for s in runs.values())
+    marks = "the base's greedy accuracy" + (" (bottom), 2% truncated (top left)" if name == "length" else "")
+    fig.suptitle(f"{name}: mean over {seeds} seeds, band ± 1 std over seeds\nper-step curves: moving mean over "
+                 f"{smoothing(runs)} steps{' (share truncated: none)' if name == 'length' else ''}; dashed: {marks}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -14,7 +14,7 @@ def rows(accuracies, rounds=1, step_time=0.5):
     out = [{"step": 0, "eval_accuracy": accuracies[0]}]
     for step in range(1, 2 * (len(accuracies) - 1) + 1):
         row = {"step": step, "step_time_s": step_time, "accuracy": 0.5, "truncated_frac": 0.1 / step,
-               "response_len_mean": 4.0, "entropy": 0.2, "clip_frac": 0.01 * step, "routing_drift": 0.02,
+               "response_len_mean": 4.0, "reward_mean": 0.4 + 0.01 * step, "entropy": 0.2, "clip_frac": 0.01 * step, "routing_drift": 0.02,
                "token_ratio_var": 0.001 * step, "grad_norm": 1.0, "peak_memory_mb": 300 + step}
         if rounds > 1:
             row |= {"generation_rounds": rounds, "sampled_accuracy": 0.25, "sampled_truncated_frac": 0.0}
@@ -62,6 +62,37 @@ def test_half_gap_target_is_base_plus_half_the_gap_to_the_best_mean_final():
     lines, base, target = compare.table("stress", runs)
     assert base == pytest.approx(0.4) and target == pytest.approx(0.4 + (0.7 - 0.4) / 2)
     assert len(lines) == 4 and lines[2].startswith("| a | 2 | 0.700 ± 0.141 |")
+
+
+def test_figure_shows_the_mean_and_std_over_seeds_with_a_stated_smoothing():
+    runs = {"a": [rows([0.4, 0.5, 0.7, 0.6]), rows([0.4, 0.6, 0.6, 0.8])]}
+    sampled, _, greedy, _ = compare.panels("main", runs)
+    steps, means, stds = greedy["series"]["a"]                        # evaluations at steps 0, 2, 4, 6
+    assert steps == [0, 2, 4, 6] and means == pytest.approx([0.4, 0.55, 0.65, 0.7])
+    assert stds == pytest.approx([0.0, 0.1 / 2**0.5, 0.1 / 2**0.5, 0.2 / 2**0.5])
+    assert greedy["ylim"] == (0, 1) and greedy["lines"] == (0.4,)     # from 0, the base dashed
+    long = {"a": [rows([0.4] * 31)]}                                  # 60 steps: smoothed over 60 // 30 = 2
+    assert compare.smoothing(long) == 2
+    assert compare.panels("main", long)[0]["series"]["a"][1][:2] == [0.5, 0.5]
+
+
+def test_hf_moe_figure_plots_the_partial_credit_reward_its_table_reports():
+    runs = {"grpo": [rows([0.05, 0.1]), rows([0.05, 0.2])]}          # reward_mean 0.41, 0.42 at steps 1, 2
+    assert compare.sampled_key("hf-moe") == "reward_end" and "reward_end" in compare.COLUMNS["hf-moe"]
+    assert "sampled_accuracy_end" not in compare.COLUMNS["hf-moe"]
+    top = compare.panels("hf-moe", runs)[0]
+    assert "partial credit" in top["y"] and top["series"]["grpo"][1] == pytest.approx([0.41, 0.42])
+    assert compare.summarise(runs["grpo"][0])["reward_end"] == pytest.approx(0.42)   # the table's cell, same key
+    for name in ("stress", "fine"):                                   # elsewhere both show the sampled accuracy
+        assert compare.sampled_key(name) == "sampled_accuracy_end" and "sampled_accuracy_end" in compare.COLUMNS[name]
+        assert compare.panels(name, runs)[0]["series"]["grpo"][1] == pytest.approx([0.5, 0.5])
+
+
+def test_length_figure_plots_truncation_and_length():
+    runs = {"dapo": [rows([0.4, 0.5, 0.7])]}
+    truncated, length, _, _ = compare.panels("length", runs)
+    assert truncated["series"]["dapo"][1] == pytest.approx([0.1, 0.05, 0.1 / 3, 0.025])
+    assert truncated["lines"] == (0.02,) and length["series"]["dapo"][1] == [4.0] * 4
 
 
 def test_unknown_experiment_is_refused(capsys):
