@@ -14,7 +14,8 @@ def rows(accuracies, rounds=1, step_time=0.5):
     out = [{"step": 0, "eval_accuracy": accuracies[0]}]
     for step in range(1, 2 * (len(accuracies) - 1) + 1):
         row = {"step": step, "step_time_s": step_time, "accuracy": 0.5, "truncated_frac": 0.1 / step,
-               "response_len_mean": 4.0, "reward_mean": 0.4 + 0.01 * step, "entropy": 0.2, "clip_frac": 0.01 * step, "routing_drift": 0.02,
+               "response_len_mean": 4.0, "reward_mean": 0.4 + 0.01 * step, "entropy": 0.2,
+               "clip_frac": 0.01 * step, "routing_drift": 0.02,
                "token_ratio_var": 0.001 * step, "grad_norm": 1.0, "peak_memory_mb": 300 + step}
         if rounds > 1:
             row |= {"generation_rounds": rounds, "sampled_accuracy": 0.25, "sampled_truncated_frac": 0.0}
