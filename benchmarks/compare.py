@@ -230,6 +230,7 @@ def summarise(rows, target=None):
         "entropy_start": mean("entropy", first),
         "time_generate": mean("time_generate_s", steps), "time_old_logp": mean("time_old_logp_s", steps),
         "time_update": mean("time_update_s", steps) + nanmean([r.get("time_critic_s", 0.0) for r in steps]),
+        "time_critic": mean("time_critic_s", steps),
         "train_seconds": clock,
         "base": evals[0][1], "final": evals[-1][1], "at_equal_completions": at_budget,
         "steps_to_target": reached, "seconds_to_target": None if reached is None else wall[reached],
@@ -281,13 +282,15 @@ TITLES = {
     "ratio_var_max": ("token-ratio var, max", "{:.3g}"), "grad_norm_max": ("grad norm, max", "{:.3g}"),
     "seconds_per_step": ("s/step", "{:.3f}"), "time_generate": ("generate", "{:.3f}"),
     "time_old_logp": ("old log-probs", "{:.3f}"), "time_update": ("update (+ critic)", "{:.3f}"),
+    "time_critic": ("of which critic", "{:.3f}"),
     "train_seconds": ("training seconds", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
     "completions_per_step": ("completions/step", "{:.0f}"),
 }
 ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
 COLUMNS = {name: keys.split() for name, keys in {
     "defaults": f"base final sampled_accuracy_start sampled_accuracy_end entropy_start entropy_end clip_frac {ROUTING} "
-                "grad_norm_max seconds_per_step time_generate time_old_logp time_update train_seconds peak_memory_mb",
+                "grad_norm_max seconds_per_step time_generate time_old_logp time_update time_critic train_seconds "
+                "peak_memory_mb",
     "main": f"final at_equal_completions steps_to_target seconds_to_target clip_frac entropy_end length_end {ROUTING} "
             "peak_memory_mb seconds_per_step completions_per_step",
     "length": "final at_equal_completions steps_to_truncation_2pct truncated_end length_end entropy_end clip_frac "
