@@ -40,6 +40,7 @@ import sys
 import time
 import typing
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -691,14 +692,19 @@ def read_jsonl(path):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_float=Decimal)  # exact: 0.00001 stays 0.00001, not 1e-05
             except json.JSONDecodeError as e:
                 raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
             check(isinstance(row, dict) and "prompt" in row and "answer" in row,
                   f"--data {path}, line {n}: each line needs a \"prompt\" and an \"answer\" field")
             check(isinstance(row["prompt"], str) and row["prompt"].strip(),
                   f"--data {path}, line {n}: \"prompt\" must be a non-empty string")
-            rows.append((row["prompt"], str(row["answer"])))
+            answer = row["answer"]
+            if isinstance(answer, Decimal):  # written out in full, as to_number reads no exponents: 1e-5 -> 0.00001
+                check(abs(answer.adjusted()) < 1000, f"--data {path}, line {n}: the answer {answer} is too large "
+                                                     f"or too small to write out")
+                answer = format(answer, "f")
+            rows.append((row["prompt"], str(answer)))
     check(rows, f"--data {path}: the file holds no rows")
     return rows
 
@@ -727,18 +733,37 @@ def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
 
 
 def load_reward(spec):
-    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py."""
+    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py. FILE.py is
+    imported as a module of its own, under a name made from its path (so that its functions pickle and its
+    dataclasses work), with its folder searched for its helpers while it is imported."""
     import importlib.util
     import inspect
     path, _, name = spec.rpartition(":")
     check(path and name, f"--reward {spec}: give FILE.py:NAME, a file and the name of the function in it")
     check(os.path.isfile(path), f"--reward {spec}: no such file {path}")
+    file = Path(path).resolve()
+    # Its folder is searched, but a module already imported is never looked for again: a helper there named
+    # like one (common.py, json.py) would silently be that module.
+    for helper in [*file.parent.glob("*.py"), *file.parent.glob("*/__init__.py")]:
+        helper_name = helper.parent.name if helper.name == "__init__.py" else helper.stem
+        loaded = getattr(sys.modules.get(helper_name), "__file__", None)
+        itself = loaded is not None and Path(loaded).resolve() == helper.resolve()  # e.g. the project's common.py
+        check(helper_name not in sys.modules or itself or helper == file,
+              f"--reward {spec}: rename {helper}: an import of {helper_name} would get the already loaded "
+              f"{loaded or 'built-in module'}, not that file")
+    module_name = "reward_" + hashlib.sha256(str(file).encode()).hexdigest()[:16]
+    saved_path = sys.path[:]
+    sys.path.insert(0, str(file.parent))
     try:
-        module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module_spec = importlib.util.spec_from_file_location(module_name, file)
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module  # where dataclasses and pickle look a function's module up
         module_spec.loader.exec_module(module)
     except Exception as e:
+        sys.modules.pop(module_name, None)
         raise UsageError(f"--reward {spec}: importing {path} raised {type(e).__name__}: {e}") from None
+    finally:
+        sys.path[:] = saved_path
     reward = getattr(module, name, None)
     check(callable(reward), f"--reward {spec}: {path} has no function {name}")
     try:
@@ -749,7 +774,7 @@ def load_reward(spec):
 
 
 # The default reward with --data: read a completion's final answer the way math RL data sets write it,
-# compare it with the reference exactly, as numbers where both read as numbers (fractions.Fraction:
+# compare it with the reference exactly, as numbers where either reads as a number (fractions.Fraction:
 # 0.5 == 1/2 == \frac{1}{2}, but 0.333 != 1/3; the references are exact, a tolerance would reward
 # rounding), else as normalised LaTeX strings.
 
@@ -759,16 +784,23 @@ def load_reward(spec):
 NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
 SIGNED = rf"[-+]?(?:{NUMBER})"
 # In running text a minus is a sign only where it cannot be a subtraction (10-3 ends with 3, x = -3 with -3),
-# and a number never starts inside another one (1.2.5 does not end with .5).
-NUMBER_IN_TEXT = rf"(?:(?<![\w)}}\]])-)?(?<![\d.])(?:{NUMBER})"
-# A unit after a number, dropped when reading the number: 5\text{ cm}, 90^\circ. Without digits, so that
-# \text{5} stays a number and \text{(A)} is left to the string comparison.
-UNIT = r"(?:\\(?:text|mbox|mathrm)\{[^{}\d]*\}|\^\{?\\circ\}?)$"
+# and a number never starts inside another one (1.2.5 does not end with .5). A fraction is one number: 3/4,
+# and a \frac of two numbers (\frac{3}{4}, \dfrac12).
+FRACTION = rf"\\[dt]?frac(?:\{{(?:{NUMBER})\}}|\d){{2}}"
+NUMBER_IN_TEXT = rf"(?:(?<![\w)}}\]])-)?(?:{FRACTION}|(?<![\d.])(?:{NUMBER})(?:/(?:{NUMBER}))?)"
+# LaTeX's text and font commands: their content is read as it stands (\text{(A)} is (A)).
+TEXT = r"\\(?:text|textbf|mathrm|mathbf|mbox)\{([^{}]*)\}"
+# The units dropped after a number, in words or in \text{}, squared or cubed (18 dollars, 18\ \text{dollars},
+# 5\text{ cm}^2), and degrees (90^\circ). Only these: 5\text{ or more} is not 5. normalise drops $ and \%.
+UNITS = r"dollars?|cents?|percent|degrees?|seconds?|minutes?|hours?|days?|weeks?|years?|miles?|pounds?|feet|" \
+        r"inch(?:es)?|mm|cm|m|km|g|kg"
+UNIT = (rf"(?:(?:\\(?:text|mathrm|mbox)\{{(?:{UNITS})\}}|(?<![a-zA-Z\\])(?:{UNITS}))(?:\^\{{?[23]\}}?)?"
+        rf"|\^\{{?\\circ\}}?|\u00b0)$")  # matched once spaces are gone: 18dollars, 5\text{cm}^2
 
 
 def marked_answer(text):
-    """The content of the last \\boxed{...} or \\fbox{...} (braces matched), else the rest of the line after the
-    last `####` (GSM8K); None if the text has neither."""
+    """The content of the last \\boxed{...} or \\fbox{...} (braces matched), else the line after the last `####`
+    (GSM8K), less the words before its number (#### The answer is 72); None if the text has neither."""
     boxes = list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
     if boxes:
         start, depth = boxes[-1].end(), 1
@@ -778,23 +810,39 @@ def marked_answer(text):
                 return text[start:i].strip()
         return ""  # an unclosed last box is a malformed answer, not a reason to go back to an abandoned one
     lines = re.findall(r"####(.*)", text)  # `.` stops at the end of the line
-    return lines[-1].strip() if lines else None
+    if not lines:
+        return None
+    number = re.sub(r"^\s*(?:[A-Za-z]+[\s:,]+)+", "", lines[-1])  # #### The answer is 72 -> 72, but x = 5 stays
+    return number.strip() if to_number(number) is not None else lines[-1].strip()
+
+
+def last_number(text):
+    """The last number of running text, read whole (3/4, \\frac{3}{4}, -\\frac12), or None: also when it is only
+    a piece of a larger expression (\\sqrt{2}, 2\\sqrt{3}, x^2, 10^{-3}, 3 \\times 10^5, 2\\frac12, 2\\pi), as no
+    answer scores 0 where a piece of one could score 1."""
+    text = re.sub(TEXT, r"\1", text.replace("\u2212", "-"))  # \text{is 5} -> is 5; U+2212 is a minus sign
+    text = re.sub(r"\{,\}|,\\!", ",", text)  # 10{,}000 and 10,\!000: LaTeX's thousands comma
+    numbers = list(re.finditer(NUMBER_IN_TEXT, text))
+    if not numbers:
+        return None
+    before, after = text[:numbers[-1].start()], text[numbers[-1].end():]
+    in_braces = len(re.findall(r"(?<!\\)\{", before)) > len(re.findall(r"(?<!\\)\}", before))  # \sqrt{2}, ^{-3}
+    glued = (re.search(r"(?:[\^_]|\\sqrt|\\[dt]?frac)\s*$|\d *$", before)  # x^2, 10^5, \sqrt2, 2\frac12, 1 2
+             or re.match(r"\s*(?:[\^_](?!\{?\\circ)|\\sqrt|\\[dt]?frac|\\pi\b)", after))  # 2^x, 2\sqrt x, 2\pi
+    return None if in_braces or glued else numbers[-1][0]
 
 
 def final_answer(text):
-    """The final answer: the last box, else the `####` line, else the last number (a/b is one); None if none.
-    An empty box gives "", which never scores."""
+    """The final answer: the last box, else the `####` line, else the last number; None if none. An empty box
+    gives "", which never scores."""
     marked = marked_answer(text)
-    if marked is not None:
-        return marked
-    numbers = re.findall(rf"{NUMBER_IN_TEXT}(?:/(?:{NUMBER}))?", text)  # 3/4 is one number
-    return numbers[-1] if numbers else None
+    return last_number(text) if marked is None else marked
 
 
 def normalise(s):
     """An answer as a string with its LaTeX dressing removed, so that equal answers compare equal."""
-    s = re.sub(r"\s+|\\[,;:! ]", "", s)  # whitespace, and LaTeX's spacing commands \, \; \: \! \
-    s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s)  # \text{(A)} -> (A)
+    s = re.sub(r"\s+|\\[,;:! ]", "", s.replace("\u2212", "-"))  # spaces, LaTeX's too (\, \; \: \! \ ); U+2212
+    s = re.sub(TEXT, r"\1", s)  # \text{(A)} -> (A)
     s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)  # \left( -> (, but \rightarrow stays
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     s = re.sub(r"\\?[$%]", "", s)  # $5, \$5, 50\% -> 5, 5, 50: a percentage is its number (GSM8K's convention)
@@ -805,8 +853,11 @@ def normalise(s):
 
 def to_number(s):
     """The answer's value as a Fraction when it is a number (1,000  .5  -3  \\$5  50\\%  1/2  \\frac{1}{2}
-    \\dfrac12  5\\text{ cm}), else None."""
-    s = normalise(re.sub(UNIT, "", re.sub(r"\s+", "", s)))
+    \\dfrac12  x = 5  5\\text{ cm}^2  18 dollars), else None."""
+    s = re.sub(r"^\s*\\?[a-zA-Z]\w*\s*=", "", s)  # x = 5 -> 5
+    if re.search(r"[\d.,]\s+[\d.]", s):  # a space ends a number: 1 2 is not 12, nor is 100, 200 one number
+        return None
+    s = normalise(re.sub(UNIT, "", re.sub(r"\s+|\\[,;:! ]", "", s)))  # 18\ \text{dollars}, 5\,\text{ cm}^2 -> 18, 5
     # \frac{a}{b}, and its single-digit shorthand \frac12, as a/b; only when it is the whole answer
     s = re.sub(r"^([-+]?)\\frac(\{[^{}]*\}|\d)(\{[^{}]*\}|\d)$",
                lambda m: f"{m[1]}{m[2].strip('{}')}/{m[3].strip('{}')}", s)
@@ -820,7 +871,7 @@ def to_number(s):
 
 
 def answer_reward(completion, answer, finished):
-    """1 if the completion's final answer equals the reference (numerically where both are numbers), else 0.
+    """1 if the completion's final answer equals the reference (numerically where either is a number), else 0.
     A truncated completion never scores, as in the toy reward. The reference may be boxed or a `####` line."""
     if not finished:
         return 0.0
@@ -829,7 +880,7 @@ def answer_reward(completion, answer, finished):
     if got is None or not normalise(got) or not normalise(want):  # an empty answer matches nothing
         return 0.0
     x, y = to_number(got), to_number(want)
-    if x is not None and y is not None:
+    if x is not None or y is not None:  # a number equals only a number: \boxed{1 2} is not 12
         return float(x == y)
     return float(normalise(got) == normalise(want))
 
@@ -1047,9 +1098,12 @@ class Run:
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             print(f"resuming {self.checkpoint_path} at step {self.start}")
         else:
-            check(not self.metrics_path.exists() and not self.checkpoint_path.exists(),
+            check(not self.checkpoint_path.exists(),
                   f"--out {self.out} already holds a run; continue it with --resume {self.out}, or choose another "
                   f"folder (without --out, every run gets a new one)")
+            if self.metrics_path.exists():  # a run that stopped before its first checkpoint: nothing to resume
+                print(f"note: {self.out} holds no checkpoint.pt, only the metrics of a run that stopped before "
+                      f"saving one; starting afresh", file=sys.stderr)
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
@@ -1070,7 +1124,7 @@ class Run:
                 if self.stop_signal:
                     self.save(step)
                     self.bar.close()
-                    print(f"interrupted: saved step {step} to {self.checkpoint_path}; "
+                    print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to {self.checkpoint_path}; "
                           f"continue with --resume {self.out}", file=sys.stderr)
                     raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
@@ -1078,11 +1132,11 @@ class Run:
                 signal.signal(s, handler)
 
     def on_signal(self, signum, frame):
+        # No print: the handler runs wherever the loop was, maybe inside tqdm's write to stderr, where a print
+        # raises "reentrant call" and the save is lost. The loop prints once it has saved.
         if self.stop_signal:  # the second one: stop now
             raise SystemExit(128 + signum)
         self.stop_signal = signum
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint (send it again to "
-              f"stop at once)", file=sys.stderr)
 
     def log(self, record):
         """Evaluate when due, write the step's record, watch for non-finite updates, save when due."""
@@ -1124,16 +1178,25 @@ class Run:
     def read_metrics(self):
         where = f"--resume {self.args.resume}"
         check(self.metrics_path.is_file(), f"{where}: no metrics.jsonl in that folder")
+        # A row is written with its newline: text after the last newline is a row cut off by a killed process.
+        *lines, torn = self.metrics_path.read_text().split("\n")
         try:
-            rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+            rows = [json.loads(line) for line in lines]
         except json.JSONDecodeError as e:
             raise UsageError(f"{where}: metrics.jsonl is not valid JSON lines ({e.msg})") from None
+        if torn:
+            try:
+                rows.append(json.loads(torn))  # whole, only its newline missing
+            except json.JSONDecodeError:
+                print(f"note: dropped the last line of metrics.jsonl, cut off while it was written: {torn[:60]!r}",
+                      file=sys.stderr)
         check(rows and all(isinstance(r, dict) and "step" in r for r in rows), f"{where}: metrics.jsonl has no steps")
         return rows
 
     def load(self):
         where = f"--resume {self.args.resume}"
-        check(self.checkpoint_path.is_file(), f"{where}: no checkpoint.pt in that folder")
+        check(self.checkpoint_path.is_file(), f"{where}: no checkpoint.pt in that folder (to start a run there "
+                                              f"afresh: --out {self.out})")
         try:  # weights_only: a checkpoint is data, never code to run
             checkpoint = torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
         except Exception as e:

@@ -16,7 +16,9 @@ time; with all four off this is GRPO without KL.
 4. Overlong reward shaping (--no-overlong-shaping): with L_max = --max-new-tokens and L_cache =
    --overlong-buffer, add 0 if |o| <= L_max - L_cache, ((L_max - L_cache) - |o|) / L_cache inside the
    buffer, -1 beyond L_max (eq. 13). --overlong-filtering masks truncated completions out of the loss
-   (on top of shaping, or instead of it with --no-overlong-shaping).
+   (on top of shaping, or instead of it with --no-overlong-shaping). With --no-token-level-loss a masked
+   completion still counts in the mean over sequences (GRPO's 1/G, G all the completions), as in TRL's
+   loss_type="grpo" and in verl 0.9.1's seq-mean-token-mean, which divides by the minibatch's row count.
 
 Run it
     python dapo.py                          # toy MoE learns two-digit addition, 2 CPU cores

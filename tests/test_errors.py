@@ -1,11 +1,18 @@
-"""Bad input gets one clear line on stderr and exit code 2, never a traceback."""
+"""Bad input gets one clear line on stderr and exit code 2, never a traceback; a reward file that Python would
+import is not refused."""
 import importlib
 import json
+import pickle
+import sys
+from pathlib import Path
 
 import pytest
-from conftest import run
+from conftest import TINIER, run
 
+import common
 import grpo
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -95,3 +102,43 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
 def test_bad_flags_of_the_other_scripts(script, argv, message, capsys):
     code, err = run(importlib.import_module(script), argv, capsys)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+# --reward FILE.py:NAME loads FILE.py as Python would a module: refused only when it cannot work.
+
+def test_a_reward_file_with_postponed_annotations_and_a_dataclass_loads_and_pickles(tmp_path):
+    (tmp_path / "r.py").write_text("from __future__ import annotations\n"
+                                   "from dataclasses import dataclass\n\n\n"
+                                   "@dataclass\nclass Score:\n    value: float\n\n\n"
+                                   "def f(completion, answer, finished) -> float:\n"
+                                   "    return Score(len(completion) / 4).value\n")
+    f = common.load_reward(f"{tmp_path / 'r.py'}:f")
+    assert f("12+34", "46", True) == 1.25
+    assert pickle.loads(pickle.dumps(f)) is f                         # registered as a module: a reference pickles
+
+
+def test_a_reward_file_imports_its_helpers_from_its_folder(tmp_path):
+    (tmp_path / "r.py").write_text("from common import answer_reward\nfrom reward_weights import weight\n\n\n"
+                                   "def f(completion, answer, finished):\n"
+                                   "    return weight * answer_reward(completion, answer, finished)\n")
+    (tmp_path / "reward_weights.py").write_text("weight = 0.5\n")
+    # The project's own common.py beside it (as when the reward file lies in the project folder) is no shadow.
+    (tmp_path / "common.py").symlink_to(ROOT / "common.py")
+    path_before = sys.path[:]
+    try:
+        f = common.load_reward(f"{tmp_path / 'r.py'}:f")
+    finally:
+        sys.modules.pop("reward_weights", None)                       # a later test may write another one
+    assert f("so 46", "46", True) == 0.5 and f("so 45", "46", True) == 0.0
+    assert sys.path == path_before
+
+
+def test_a_reward_helper_that_a_loaded_module_would_shadow_is_refused(tmp_path, capsys):
+    (tmp_path / "r.py").write_text("from common import answer_reward\n\n\n"
+                                   "def f(completion, answer, finished):\n"
+                                   "    return answer_reward(completion, answer, finished)\n")
+    (tmp_path / "common.py").write_text("def answer_reward(completion, answer, finished):\n    return 5.0\n")
+    code, err = run(grpo, TINIER + ["--reward", f"{tmp_path / 'r.py'}:f", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert (f"rename {tmp_path / 'common.py'}: an import of common would get the already loaded {common.__file__}, "
+            f"not that file") in err

@@ -79,9 +79,94 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{\\dfrac{\\pi}{2}}", "$\\frac{\\pi}{2}$", True, 1.0),
     ("\\boxed{ \\left( 1, 2 \\right) }", "(1,2)", True, 1.0),
     ("\\boxed{\\mathrm{B}}", " B ", True, 1.0),
+    # The last number is read whole or not at all: a piece of a LaTeX expression is no answer (issue 18)
+    ("The answer is $\\frac{1}{2}$.", "2", True, 0.0),
+    ("The answer is $\\frac{1}{2}$.", "1/2", True, 1.0),
+    ("so x = \\frac{3}{4}", "4", True, 0.0),
+    ("so x = \\frac{3}{4}", "0.75", True, 1.0),
+    ("-\\frac12", "12", True, 0.0),
+    ("-\\frac12", "-1/2", True, 1.0),
+    ("so it is \\dfrac{5}{2}", "2", True, 0.0),
+    ("so it is \\tfrac{5}{2}", "2.5", True, 1.0),
+    ("\\boxed{-\\frac{3}{4}}", "-0.75", True, 1.0),
+    ("the ratio is $\\frac{x}{2}$", "2", True, 0.0),    # a \frac of more than numbers
+    ("$\\frac{1}{2}^2$", "1/2", True, 0.0),
+    ("$2\\frac{1}{2}$ cups", "1/2", True, 0.0),         # a mixed number
+    ("x = 2-\\frac12", "-1/2", True, 0.0),              # a subtraction, as 10-3
+    ("$\\sqrt{2}$", "2", True, 0.0),
+    ("2\\sqrt{3}", "3", True, 0.0),
+    ("$\\sqrt[3]{8}$", "8", True, 0.0),
+    ("\\sqrt2", "2", True, 0.0),
+    ("the radius is 2\\sqrt{x}", "2", True, 0.0),
+    ("it is 2\\pi", "2", True, 0.0),
+    ("x^2", "2", True, 0.0),
+    ("a_1", "1", True, 0.0),
+    ("$10^{-3}$", "-3", True, 0.0),
+    ("3 \\times 10^5", "5", True, 0.0),
+    ("3.2 \\times 10^{-4}", "-4", True, 0.0),
+    ("2^{10} = 1024", "1024", True, 1.0),               # the power is not last
+    ("the angle is 90^\\circ", "90", True, 1.0),        # degrees, not a power
+    ("the area is $5\\text{ cm}^2$", "2", True, 0.0),
+    ("the numbers are 3 4", "4", True, 0.0),
+    ("the total is 10{,}000", "0", True, 0.0),          # LaTeX's thousands comma, in running text too
+    ("the total is 10{,}000", "10000", True, 1.0),
+    ("the total is 10,\\!000", "10000", True, 1.0),
+    ("\\text{The answer is 5}", "5", True, 1.0),
+    # U+2212, the minus sign
+    ("The answer is \u22125", "5", True, 0.0),
+    ("The answer is \u22125", "-5", True, 1.0),
+    ("\\boxed{\u22127}", "-7", True, 1.0),
+    ("#### \u221212", "12", True, 0.0),
+    # A space ends a number, and a number equals only a number
+    ("\\boxed{100200}", "100, 200", True, 0.0),
+    ("\\boxed{1 2}", "12", True, 0.0),
+    ("\\boxed{12}", "1 2", True, 0.0),
+    ("\\boxed{3 4}", "34", True, 0.0),
+    ("\\boxed{1 2}", "1 2", True, 1.0),                 # the same string
+    # Units: only the listed ones are dropped
+    ("\\boxed{5\\text{ or more}}", "5", True, 0.0),
+    ("\\boxed{5\\text{ apples}}", "5", True, 0.0),
+    ("\\boxed{18\\ \\text{dollars}}", "18", True, 1.0),
+    ("\\boxed{5 \\text{ cm}^2}", "5", True, 1.0),
+    ("\\boxed{5\\text{ hours}}", "5", True, 1.0),
+    ("\\boxed{12\\,\\mathrm{kg}}", "12", True, 1.0),
+    ("\\boxed{7 m^3}", "7", True, 1.0),
+    ("\\boxed{90\u00b0}", "90", True, 1.0),
+    ("\\boxed{50 \\text{ percent}}", "50", True, 1.0),
+    # x = 5 is 5; a `####` line drops the words before its number
+    ("\\boxed{x=5}", "5", True, 1.0),
+    ("\\boxed{y = -2}", "-2", True, 1.0),
+    ("\\boxed{x = 5, y = 3}", "5", True, 0.0),
+    ("#### 18 dollars", "18", True, 1.0),
+    ("#### 45 minutes", "45", True, 1.0),
+    ("#### The answer is 72", "72", True, 1.0),
+    ("#### Answer: 72", "72", True, 1.0),
+    ("#### 5 \\text{ cm}^2", "5", True, 1.0),
+    ("#### 5 or more", "5", True, 0.0),
+    ("#### x^2", "2", True, 0.0),
+    ("#### x^2", "x^2", True, 1.0),
+    ("#### 2x+1", "1", True, 0.0),
+    ("\\boxed{2x+1}", "#### 2x+1", True, 1.0),
 ])
 def test_answer_reward(completion, answer, finished, reward):
     assert common.answer_reward(completion, answer, finished) == reward
+
+
+def test_json_number_answers_are_read_exactly(tmp_path):
+    path = tmp_path / "numbers.jsonl"
+    path.write_text('{"prompt": "a", "answer": 0.00001}\n{"prompt": "b", "answer": 1e-05}\n'
+                    '{"prompt": "c", "answer": 2.50}\n{"prompt": "d", "answer": 72}\n')
+    rows = common.read_jsonl(str(path))
+    assert [a for _, a in rows] == ["0.00001", "0.00001", "2.50", "72"]   # floats would print 1e-05, 1e-05, 2.5
+    assert [common.answer_reward("\\boxed{0.00001}", a, True) for _, a in rows] == [1.0, 1.0, 0.0, 0.0]
+    assert common.answer_reward("\\boxed{2.5}", rows[2][1], True) == 1.0
+
+
+def test_a_json_answer_too_large_to_write_out_stops_with_one_line(tmp_path):
+    path = tmp_path / "huge.jsonl"
+    path.write_text('{"prompt": "a", "answer": 1e999999999}\n')   # 10^999999999: a billion digits written out
+    with pytest.raises(common.UsageError, match=r"line 1: the answer 1E\+999999999 is too large or too small"):
+        common.read_jsonl(str(path))
 
 
 def test_a_completion_stops_at_the_first_of_any_end_id(hf_chat):

@@ -1,8 +1,11 @@
 """Runs that survive: determinism, checkpoints, resume, Ctrl-C, non-finite updates, refusals; and how every
 script runs a step."""
+import io
+import json
 import math
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +55,7 @@ def test_ctrl_c_saves_after_the_step_and_resume_continues_exactly(tmp_path, monk
 
     monkeypatch.setattr(common, "generate", lambda *a, **kw: generate_then_ctrl_c(*a, **kw))
     code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "cut")], capsys)
-    assert code == 130 and "saved step 2" in err and "--resume" in err
+    assert code == 130 and "SIGINT: saved step 2" in err and "--resume" in err
     monkeypatch.setattr(common, "generate", real_generate)
     run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path / "cut")])
     assert read_metrics(tmp_path / "cut", timings=False) == read_metrics(tmp_path / "long", timings=False)
@@ -204,8 +207,67 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
-    assert process.returncode == 128 + signal.SIGTERM and "SIGTERM: finishing this step" in err
-    assert f"saved step {saved} to" in err and saved == read_metrics(out)[-1]["step"] >= 2
+    assert process.returncode == 128 + signal.SIGTERM and f"SIGTERM: saved step {saved} to {out}" in err
+    assert saved == read_metrics(out)[-1]["step"] >= 2
+
+
+def test_a_signal_that_lands_while_stderr_is_written_still_saves(tmp_path, monkeypatch):
+    """The handler runs wherever the loop is; here inside a write of tqdm's bar, where a print raises
+    "reentrant call"."""
+    written = []
+
+    class CtrlCOnTheBar(io.RawIOBase):                               # the bottom layer of stderr
+        def writable(self):
+            return True
+
+        def write(self, data):
+            if not written and b"grpo" in bytes(data):              # the bar's first draw: the handler is in place
+                os.kill(os.getpid(), signal.SIGINT)                  # handled here, with stderr's buffer locked
+            written.append(bytes(data))
+            return len(data)
+
+    stderr = io.TextIOWrapper(io.BufferedWriter(CtrlCOnTheBar()), write_through=True)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    code, _ = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path)])
+    stderr.flush()
+    assert code == 130 and f"SIGINT: saved step 1 to {tmp_path}" in b"".join(written).decode()
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 1
+
+
+def test_a_torn_last_line_of_metrics_is_dropped_on_resume(finished, tmp_path, capsys):
+    for name in ("checkpoint.pt", "metrics.jsonl"):
+        (tmp_path / name).write_bytes((finished / name).read_bytes())
+    whole = read_metrics(finished)
+    torn = json.dumps(whole[-1] | {"step": 3})[:30]                  # killed while writing step 3's row
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(torn)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "3", "--resume", str(tmp_path)], capsys)
+    assert code == 0 and f"note: dropped the last line of metrics.jsonl, cut off while it was written: {torn!r}" in err
+    rows = read_metrics(tmp_path)
+    assert rows[:3] == whole and [r["step"] for r in rows] == [0, 1, 2, 3]
+    # A whole last row that only lacks its newline is kept (the checkpoint is at step 3: nothing to train).
+    (tmp_path / "metrics.jsonl").write_text((tmp_path / "metrics.jsonl").read_text().rstrip("\n"))
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "3", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and "note:" not in err and read_metrics(tmp_path) == rows
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_afresh_in_its_folder(finished, tmp_path, monkeypatch,
+                                                                               capsys):
+    real_evaluate = common.evaluate
+
+    def ctrl_c_then_evaluate(*args):
+        os.kill(os.getpid(), signal.SIGINT)                          # during the step-0 evaluation
+        return real_evaluate(*args)
+
+    monkeypatch.setattr(common, "evaluate", ctrl_c_then_evaluate)
+    code, _ = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path)], capsys)
+    assert code == 130 and [f.name for f in tmp_path.iterdir()] == ["metrics.jsonl"]
+    monkeypatch.setattr(common, "evaluate", real_evaluate)
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--resume", str(tmp_path)], capsys)
+    assert code == 2 and f"no checkpoint.pt in that folder (to start a run there afresh: --out {tmp_path})" in err
+    code, err = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path)], capsys)
+    assert code == 0 and f"note: {tmp_path} holds no checkpoint.pt" in err
+    assert read_metrics(tmp_path, timings=False) == read_metrics(finished, timings=False)   # as a first run
 
 
 @pytest.mark.parametrize("script", [grpo, gspo, dapo])
