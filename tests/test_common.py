@@ -119,6 +119,35 @@ def test_toy_reward_needs_the_exact_answer_and_eos():
     assert common.toy_reward("921", "92", True) == 0.0
 
 
+def test_rewards_of_scores_each_completion_against_its_own_prompts_answer():
+    # 2 prompts x 3 completions: rows 0-2 answer prompt 0, rows 3-5 prompt 1 (i // G, not i % P).
+    calls = []
+    def reward(completion, answer, finished):
+        calls.append((completion, answer, finished))
+        return 0.5 * len(calls)
+    world = common.World([], [], lambda ids: "".join(map(str, ids)), reward, eos_ids=(1,), pad_id=0,
+                         max_new_tokens=1)
+    tokens = torch.tensor([[5, 10 + i] for i in range(6)])           # one prompt token, one completion token
+    finished = torch.tensor([True, False, True, True, False, False])
+    rollout = common.Rollout(tokens, torch.ones_like(tokens), torch.ones(6, 1), finished)
+    rewards = common.rewards_of(world, rollout, ["a", "b"], group_size=3)
+    assert calls == [("10", "a", True), ("11", "a", False), ("12", "a", True),
+                     ("13", "b", True), ("14", "b", False), ("15", "b", False)]
+    assert rewards.tolist() == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+def test_two_optimizer_steps_start_each_from_a_fresh_gradient():
+    # loss = c . w has the constant gradient c, so SGD with lr 1 moves w by -c each step; a gradient
+    # left over from the first step would make the second step's gradient 2c.
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    model = torch.nn.ParameterList([w])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    c = torch.tensor([0.5, -0.25])                                   # norm 0.56, under the clip of 1
+    for expected in ([0.5, 2.25], [0.0, 2.5]):
+        metrics = common.optimizer_step(model, optimizer, (c * w).sum(), max_grad_norm=1.0)
+        assert w.tolist() == expected and metrics == {"grad_norm": pytest.approx(0.5590170), "skipped_updates": 0}
+
+
 def test_left_padding_does_not_change_hf_logprobs(hf_dense):
     model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
     world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)

@@ -81,6 +81,22 @@ def test_load_balancing_loss_is_one_when_uniform():
     assert abs(aux.item() - 1.0) < 1e-6
 
 
+def test_load_balancing_loss_by_hand_with_a_skewed_router():
+    # 4 experts top-2; the router passes the first 4 input features through as its logits.
+    model = tiny(n_experts=4)
+    moe = model.blocks[0].moe
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, :4] = torch.eye(4)
+    x = torch.zeros(2, model.cfg.d_model)
+    x[0, :4] = torch.tensor([0.5, 0.25, 0.125, 0.125]).log()         # picks experts 0, 1
+    x[1, :4] = torch.tensor([0.125, 0.5, 0.25, 0.125]).log()         # picks experts 1, 2
+    _, _, aux = moe(x)
+    # f_e, share of all N*k = 4 slots: (1/4, 2/4, 1/4, 0); P_e, mean probability: (0.3125, 0.375, 0.1875, 0.125).
+    # E * sum_e f_e P_e = 4 * (0.078125 + 0.1875 + 0.046875) = 1.25 (top-1 shares alone would give 1.375).
+    assert abs(aux.item() - 1.25) < 1e-6
+
+
 def test_dense_equivalent():
     model = tiny(n_experts=1)
     tokens = torch.randint(0, 16, (3, 7))

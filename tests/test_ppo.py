@@ -3,7 +3,8 @@ import math
 
 import pytest
 import torch
-from conftest import read_metrics
+from conftest import TINY_NO_STEPS, read_metrics
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import common
 import ppo
@@ -113,6 +114,35 @@ def test_ppo_end_to_end_on_the_toy(tmp_path):
             assert r[key] is not None and math.isfinite(r[key]), key
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert {"policy", "optimizer", "critic", "critic_optimizer"} <= set(checkpoint)
+
+
+def test_the_advantages_reaching_the_loss_are_whitened_over_the_batch(tmp_path, monkeypatch):
+    seen, policy_loss = [], ppo.policy_loss
+    def recording_policy_loss(logp, old_logp, advantages, mask, clip_eps):
+        seen.append((advantages, mask))
+        return policy_loss(logp, old_logp, advantages, mask, clip_eps)
+    monkeypatch.setattr(ppo, "policy_loss", recording_policy_loss)
+    ppo.main(["--steps", "1"] + TINY_NO_STEPS + ["--out", str(tmp_path)])
+    # Every minibatch of every epoch: each row comes `epochs` times, which leaves mean and variance as they are.
+    advantages = torch.cat([a for a, _ in seen])
+    real = torch.cat([m for _, m in seen]).bool()
+    assert len(seen) == 4 and (advantages[~real] == 0).all()
+    assert advantages[real].mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert advantages[real].var(correction=0).item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_each_rollout_batch_takes_minibatches_times_epochs_steps_of_policy_then_critic(tmp_path):
+    common.make_policy(ppo.Args(), torch.device("cpu"))               # the warm start's own steps, if any, go first
+    steps = []
+    def record(optimizer, args, kwargs):                            # the learning rate of each optimizer step
+        steps.append(optimizer.param_groups[0]["lr"])
+    hook = register_optimizer_step_post_hook(record)
+    try:
+        ppo.main(["--steps", "1"] + TINY_NO_STEPS + ["--epochs", "3", "--lr", "1e-4", "--critic-lr", "2e-4",
+                                                     "--out", str(tmp_path)])
+    finally:
+        hook.remove()
+    assert steps == [1e-4, 2e-4] * (2 * 3)                              # --minibatches 2 x --epochs 3
 
 
 def test_ppo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, hf_dense):

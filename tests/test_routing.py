@@ -102,6 +102,13 @@ def test_the_hooks_follow_copies_of_the_model(tiny_moe):
     assert copied is not None and not torch.equal(copied, original)
 
 
+def test_load_balancing_loss_of_hugging_face_routers_by_hand():
+    # The toy's hand-computed case (tests/test_model.py): 2 tokens, 4 experts top-2, one layer.
+    router_logits = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.125, 0.5, 0.25, 0.125]]).log()[None]
+    chosen = torch.tensor([[[0, 1], [1, 2]]])
+    assert common.load_balancing_loss(router_logits, chosen).item() == pytest.approx(1.25, abs=1e-6)
+
+
 def test_a_dense_model_with_routing_replay_stops_with_one_line(hf_dense, jsonl, capsys):
     code, err = run(grpo, ["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "6",
                            "--routing-replay"], capsys)
