@@ -1102,8 +1102,9 @@ class Run:
                   f"--out {self.out} already holds a run; continue it with --resume {self.out}, or choose another "
                   f"folder (without --out, every run gets a new one)")
             if self.metrics_path.exists():  # a run that stopped before its first checkpoint: nothing to resume
-                print(f"note: {self.out} holds no checkpoint.pt, only the metrics of a run that stopped before "
-                      f"saving one; starting afresh", file=sys.stderr)
+                rows = len(self.metrics_path.read_text().splitlines())
+                print(f"note: {self.out} holds no checkpoint.pt, so no run to continue; its metrics.jsonl ({rows} "
+                      f"rows) is replaced by this run's", file=sys.stderr)
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
@@ -1132,11 +1133,13 @@ class Run:
                 signal.signal(s, handler)
 
     def on_signal(self, signum, frame):
-        # No print: the handler runs wherever the loop was, maybe inside tqdm's write to stderr, where a print
-        # raises "reentrant call" and the save is lost. The loop prints once it has saved.
         if self.stop_signal:  # the second one: stop now
             raise SystemExit(128 + signum)
         self.stop_signal = signum
+        # Not print: the handler runs wherever the loop was, maybe inside tqdm's write to stderr, where a print
+        # raises "reentrant call" and the save is lost. os.write goes around Python's buffered stderr.
+        os.write(2, f"\n{signal.Signals(signum).name}: finishing this step, then saving (again: stop at once)\n"
+                    .encode())
 
     def log(self, record):
         """Evaluate when due, write the step's record, watch for non-finite updates, save when due."""

@@ -208,6 +208,7 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path):
     _, err = process.communicate(timeout=120)
     saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     assert process.returncode == 128 + signal.SIGTERM and f"SIGTERM: saved step {saved} to {out}" in err
+    assert "SIGTERM: finishing this step, then saving" in err           # said at once, from the handler
     assert saved == read_metrics(out)[-1]["step"] >= 2
 
 
