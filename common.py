@@ -692,7 +692,9 @@ def read_jsonl(path):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line, parse_float=Decimal)  # exact: 0.00001 stays 0.00001, not 1e-05
+                # Exact numbers: 0.00001 stays 0.00001, not 1e-05, and an integer past int()'s digit limit
+                # meets the size check below instead of raising.
+                row = json.loads(line, parse_float=Decimal, parse_int=Decimal)
             except json.JSONDecodeError as e:
                 raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
             check(isinstance(row, dict) and "prompt" in row and "answer" in row,
@@ -780,27 +782,39 @@ def load_reward(spec):
 
 # A plain number: thousands commas only in groups of exactly three (1,000 but not 1,2,3), an optional decimal
 # part, or a bare decimal part (.5). No exponents: 1e3 is not read as 1000 (math data sets never write one,
-# and 1e999999999 would be a billion-digit integer to build); in running text it reads as 1 and then 3.
+# and 1e999999999 would be a billion-digit integer to build).
 NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
 SIGNED = rf"[-+]?(?:{NUMBER})"
 # In running text a minus is a sign only where it cannot be a subtraction (10-3 ends with 3, x = -3 with -3),
 # and a number never starts inside another one (1.2.5 does not end with .5). A fraction is one number: 3/4,
-# and a \frac of two numbers (\frac{3}{4}, \dfrac12).
-FRACTION = rf"\\[dt]?frac(?:\{{(?:{NUMBER})\}}|\d){{2}}"
+# and a \frac of two numbers (\frac{3}{4}, \frac{-2}{3}, \dfrac12).
+FRACTION = rf"\\[dt]?frac(?:\{{{SIGNED}\}}|\d){{2}}"
 NUMBER_IN_TEXT = rf"(?:(?<![\w)}}\]])-)?(?:{FRACTION}|(?<![\d.])(?:{NUMBER})(?:/(?:{NUMBER}))?)"
+# LaTeX's thousands separators, read as commas: 10{,}000, 10,\!000 and 10\,000 (a thin space between digits).
+COMMAS = r"\{,\}|,\\!|(?<=\d)\\,(?=\d)"
 # LaTeX's text and font commands: their content is read as it stands (\text{(A)} is (A)).
-TEXT = r"\\(?:text|textbf|mathrm|mathbf|mbox)\{([^{}]*)\}"
-# The units dropped after a number, in words or in \text{}, squared or cubed (18 dollars, 18\ \text{dollars},
-# 5\text{ cm}^2), and degrees (90^\circ). Only these: 5\text{ or more} is not 5. normalise drops $ and \%.
-UNITS = r"dollars?|cents?|percent|degrees?|seconds?|minutes?|hours?|days?|weeks?|years?|miles?|pounds?|feet|" \
-        r"inch(?:es)?|mm|cm|m|km|g|kg"
-UNIT = (rf"(?:(?:\\(?:text|mathrm|mbox)\{{(?:{UNITS})\}}|(?<![a-zA-Z\\])(?:{UNITS}))(?:\^\{{?[23]\}}?)?"
-        rf"|\^\{{?\\circ\}}?|\u00b0)$")  # matched once spaces are gone: 18dollars, 5\text{cm}^2
+TEXT = r"\\(?:text|textbf|textit|emph|underline|mathrm|mathbf|mbox)\{([^{}]*)\}"
+# The units dropped after a number, in any case, squared or cubed (5 cm^2, 36 square feet), and degrees
+# (90^\circ). A word may be glued to the number (5cm); a single letter only stands apart, after a space or in
+# \text{} (7 m^3, 5\mathrm{m}), as 2m is 2 times m. Only these: 5\text{ or more} is not 5. normalise drops $, \%.
+UNITS = (r"(?:(?:square|sq\.?|cubic)\s*)?(?:dollars?|cents?|percent|degrees?|seconds?|minutes?|mins?|hours?|hrs?|"
+         r"days?|weeks?|months?|years?|units?|miles?|mph|km/h|feet|foot|ft|inch(?:es)?|yards?|"
+         r"(?:centi|milli|kilo)?(?:meters?|metres?)|mm|cm|km|ounces?|oz|pounds?|lbs?|(?:kilo)?grams?|kg|"
+         r"liters?|litres?|ml|gallons?|cups?)")
+LETTER_UNITS = r"[mg]"
+APART = r"(?:(?<=\s)|(?<=\\[,;: ]))"  # after a space, LaTeX's too (\, \; \: \ )
+UNIT = (rf"(?:(?<![a-zA-Z]){UNITS}|{APART}{LETTER_UNITS})(?:\^\{{?[23]\}}?)?\s*$"
+        rf"|\^\{{?\\circ\}}?$|\u00b0$|\\degree$")
+# A `####` line may start with an answer phrase (#### The answer is 72); no other words are dropped.
+ANSWER_PHRASE = r"^\s*(?:the\s+)?(?:final\s+)?answer\b\s*(?:is\b)?\s*:?"
+# A brace that holds part of an expression: a power's, an index's, a root's, a repeating decimal's, and each
+# argument of a \frac or \binom. Others (\emph{42}, {"answer": 42}) only format or wrap a number.
+EXPRESSION_BRACE = r"(?<!\\)(?:(\^|_|\\sqrt(?:\[[^\]]*\])?|\\overline|\\[dt]?frac|\\binom)\s*)?\{|(?<!\\)\}"
 
 
 def marked_answer(text):
     """The content of the last \\boxed{...} or \\fbox{...} (braces matched), else the line after the last `####`
-    (GSM8K), less the words before its number (#### The answer is 72); None if the text has neither."""
+    (GSM8K), less an answer phrase before it (#### The answer is 72); None if the text has neither."""
     boxes = list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
     if boxes:
         start, depth = boxes[-1].end(), 1
@@ -810,26 +824,40 @@ def marked_answer(text):
                 return text[start:i].strip()
         return ""  # an unclosed last box is a malformed answer, not a reason to go back to an abandoned one
     lines = re.findall(r"####(.*)", text)  # `.` stops at the end of the line
-    if not lines:
-        return None
-    number = re.sub(r"^\s*(?:[A-Za-z]+[\s:,]+)+", "", lines[-1])  # #### The answer is 72 -> 72, but x = 5 stays
-    return number.strip() if to_number(number) is not None else lines[-1].strip()
+    return re.sub(ANSWER_PHRASE, "", lines[-1], flags=re.I).strip() if lines else None
+
+
+def inside_expression(text):
+    """Whether the end of text lies inside an expression's braces (\\sqrt{2, 10^{-3, \\frac{x}{2), not only
+    inside braces that format or wrap it (\\emph{42, {"answer": 42)."""
+    opened, closed = [], False  # for each brace still open: whether it holds part of an expression
+    for m in re.finditer(EXPRESSION_BRACE, text):
+        if m[0] == "}":
+            closed = opened.pop() if opened else False
+        else:  # a brace right after a closing one opens the same command's next argument: \frac{x}{2
+            opened.append(bool(m[1]) or (closed and text[m.start() - 1:m.start()] == "}"))
+    return any(opened)
 
 
 def last_number(text):
     """The last number of running text, read whole (3/4, \\frac{3}{4}, -\\frac12), or None: also when it is only
-    a piece of a larger expression (\\sqrt{2}, 2\\sqrt{3}, x^2, 10^{-3}, 3 \\times 10^5, 2\\frac12, 2\\pi), as no
-    answer scores 0 where a piece of one could score 1."""
-    text = re.sub(TEXT, r"\1", text.replace("\u2212", "-"))  # \text{is 5} -> is 5; U+2212 is a minus sign
-    text = re.sub(r"\{,\}|,\\!", ",", text)  # 10{,}000 and 10,\!000: LaTeX's thousands comma
+    a piece of a larger expression, as no answer scores 0 where a piece of one could score 1. A piece is inside an
+    expression's braces (\\sqrt{2}, 10^{-3}), next to an operator (x^2, 3 \\times 10^5, 2\\sqrt{3}, 2\\pi,
+    \\sqrt{3}/2), or glued, with no space, to a letter, digit or } before it (1e3, \\frac{1}{2}3) or to a letter,
+    digit or ! after it (2x, \\frac123, 5!), unless that is a listed unit (5cm)."""
+    text = re.sub(TEXT, r" \1", text.replace("\u2212", "-"))  # \text{is 5} -> is 5, apart; U+2212 is a minus
+    text = re.sub(r"\\(?:text)?color\{[^{}]*\}", "", text)  # {\color{red}42} and \textcolor{red}{42} are 42
+    text = re.sub(COMMAS, ",", text)
+    text = re.sub(rf"(?<![a-zA-Z\\])({UNITS}|{LETTER_UNITS})\^\{{?[23]\}}?", r"\1", text, flags=re.I)  # 5 cm^2: 5
     numbers = list(re.finditer(NUMBER_IN_TEXT, text))
     if not numbers:
         return None
     before, after = text[:numbers[-1].start()], text[numbers[-1].end():]
-    in_braces = len(re.findall(r"(?<!\\)\{", before)) > len(re.findall(r"(?<!\\)\}", before))  # \sqrt{2}, ^{-3}
-    glued = (re.search(r"(?:[\^_]|\\sqrt|\\[dt]?frac)\s*$|\d *$", before)  # x^2, 10^5, \sqrt2, 2\frac12, 1 2
-             or re.match(r"\s*(?:[\^_](?!\{?\\circ)|\\sqrt|\\[dt]?frac|\\pi\b)", after))  # 2^x, 2\sqrt x, 2\pi
-    return None if in_braces or glued else numbers[-1][0]
+    operator = (re.search(r"(?:[\^_/]|\\sqrt|\\[dt]?frac)\s*$", before)
+                or re.match(r"\s*(?:[\^_/](?!\{?\\circ)|\\sqrt|\\[dt]?frac|\\pi\b)", after))  # 90^\circ is 90
+    glued = (re.search(r"[a-zA-Z}]$|\d *$", before)  # 1 2 is not 2 either
+             or re.match(rf"(?!{UNITS}\b)[a-zA-Z\d!]", after, flags=re.I))
+    return None if inside_expression(before) or operator or glued else numbers[-1][0]
 
 
 def final_answer(text):
@@ -855,9 +883,11 @@ def to_number(s):
     """The answer's value as a Fraction when it is a number (1,000  .5  -3  \\$5  50\\%  1/2  \\frac{1}{2}
     \\dfrac12  x = 5  5\\text{ cm}^2  18 dollars), else None."""
     s = re.sub(r"^\s*\\?[a-zA-Z]\w*\s*=", "", s)  # x = 5 -> 5
+    s = re.sub(COMMAS, ",", re.sub(TEXT, r" \1", s))  # a word in \text{} stands apart: 5\text{m} is 5 m
+    s = re.sub(UNIT, "", s, flags=re.I)  # 18\ \text{dollars}, 5\,\text{ cm}^2 -> 18, 5
     if re.search(r"[\d.,]\s+[\d.]", s):  # a space ends a number: 1 2 is not 12, nor is 100, 200 one number
         return None
-    s = normalise(re.sub(UNIT, "", re.sub(r"\s+|\\[,;:! ]", "", s)))  # 18\ \text{dollars}, 5\,\text{ cm}^2 -> 18, 5
+    s = normalise(s)
     # \frac{a}{b}, and its single-digit shorthand \frac12, as a/b; only when it is the whole answer
     s = re.sub(r"^([-+]?)\\frac(\{[^{}]*\}|\d)(\{[^{}]*\}|\d)$",
                lambda m: f"{m[1]}{m[2].strip('{}')}/{m[3].strip('{}')}", s)

@@ -67,7 +67,7 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{5\\text{ cm}}", "5", True, 1.0),
     ("\\boxed{90^\\circ}", "90", True, 1.0),
     ("\\boxed{10{,}000}", "10000", True, 1.0),
-    ("1e3", "1000", True, 0.0),                         # no scientific notation: the last number is 3
+    ("1e3", "1000", True, 0.0),                         # no scientific notation
     ("The answer is 3/4.", "3/4", True, 1.0),          # a fraction in running text is one number
     ("so each gets 6/8 of it", "0.75", True, 1.0),
     ("12/4 = 3", "3", True, 1.0),
@@ -112,6 +112,43 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("the total is 10{,}000", "10000", True, 1.0),
     ("the total is 10,\\!000", "10000", True, 1.0),
     ("\\text{The answer is 5}", "5", True, 1.0),
+    # A number next to a `/` it is not part of, or glued to a letter, digit or `}` before it or to a letter, digit
+    # or `!` after it, is a piece too (the review of issue 18)
+    ("The answer is $\\sqrt{3}/2$.", "2", True, 0.0),
+    ("The angle is $\\pi/2$.", "2", True, 0.0),
+    ("The answer is 1/x", "1", True, 0.0),
+    ("It is $\\frac{1}{2}x$.", "1/2", True, 0.0),
+    ("x = \\frac123", "1/2", True, 0.0),
+    ("so x=\\frac{1}{2}3", "3", True, 0.0),
+    ("So y = 2x", "2", True, 0.0),
+    ("The answer is 3 + 2i", "2", True, 0.0),
+    ("The answer is 5!", "5", True, 0.0),
+    ("1e3", "3", True, 0.0),                            # no scientific notation, and not its exponent either
+    ("The mass is 6.02e23", "23", True, 0.0),
+    ("so it is 2m", "2", True, 0.0),
+    ("I have 5 apples", "5", True, 1.0),                # a word after a space is no part of the number
+    ("The answer is 5%.", "5", True, 1.0),
+    ("so it is 42, I think", "42", True, 1.0),
+    ("The rope is 5cm long.", "5", True, 1.0),          # a listed unit may be glued
+    ("The area is $36\\text{ cm}^2$.", "36", True, 1.0),  # a unit's power is the unit's
+    # Only braces opened by \sqrt, ^, _ or a \frac make a piece: formatting and JSON braces do not
+    ('{"answer": 42}', "42", True, 1.0),
+    ('```json\n{"answer": 42}\n```', "42", True, 1.0),
+    ("so the answer is \\emph{42}", "42", True, 1.0),
+    ("The answer is \\textit{42}.", "42", True, 1.0),
+    ("The answer is \\underline{42}", "42", True, 1.0),
+    ("The answer is {\\color{red}42}", "42", True, 1.0),
+    ("The answer is \\textcolor{red}{42}", "42", True, 1.0),
+    ("\\boxed{\\emph{42}}", "42", True, 1.0),
+    ("$0.\\overline{3}$", "3", True, 0.0),             # a repeating decimal
+    ("so \\binom{10}{3}", "3", True, 0.0),
+    # LaTeX's thin space between digit groups is a thousands comma; a \frac's numerator may be signed
+    ("The total is $10\\,000$.", "0", True, 0.0),
+    ("The total is $10\\,000$.", "10000", True, 1.0),
+    ("\\boxed{1\\,000}", "1000", True, 1.0),
+    ("\\boxed{1\\,2}", "12", True, 0.0),
+    ("the answer is \\frac{-2}{3}", "-2/3", True, 1.0),
+    ("the answer is \\frac{-2}{3}", "3", True, 0.0),
     # U+2212, the minus sign
     ("The answer is \u22125", "5", True, 0.0),
     ("The answer is \u22125", "-5", True, 1.0),
@@ -133,7 +170,33 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{7 m^3}", "7", True, 1.0),
     ("\\boxed{90\u00b0}", "90", True, 1.0),
     ("\\boxed{50 \\text{ percent}}", "50", True, 1.0),
-    # x = 5 is 5; a `####` line drops the words before its number
+    ("\\boxed{9}", "9\\text{ units}", True, 1.0),
+    ("\\boxed{9\\text{ sq units}}", "9", True, 1.0),
+    ("\\boxed{36 \\text{ square feet}}", "36", True, 1.0),
+    ("\\boxed{8 \\text{ cubic inches}}", "8", True, 1.0),
+    ("\\boxed{12\\text{ meters}}", "12", True, 1.0),
+    ("\\boxed{4\\text{ centimetres}}", "4", True, 1.0),
+    ("\\boxed{150\\text{ mph}}", "150", True, 1.0),
+    ("\\boxed{60 \\text{ km/h}}", "60", True, 1.0),
+    ("\\boxed{3 \\text{ liters}}", "3", True, 1.0),
+    ("\\boxed{2 \\text{ foot}}", "2", True, 1.0),
+    ("\\boxed{3 \\text{ yards}}", "3", True, 1.0),
+    ("\\boxed{16 \\text{ ounces}}", "16", True, 1.0),
+    ("\\boxed{2\\text{ cups}}", "2", True, 1.0),
+    ("\\boxed{500 \\text{ grams}}", "500", True, 1.0),
+    ("\\boxed{5cm}", "5", True, 1.0),
+    ("\\boxed{30\\degree}", "30", True, 1.0),
+    ("\\boxed{18 Dollars}", "18", True, 1.0),           # any case
+    ("#### 18 Dollars", "18", True, 1.0),
+    # ... a single-letter unit only after a space or in \text{} or \mathrm{}: 2m is 2 times m
+    ("\\boxed{5 \\text{ m}}", "5", True, 1.0),
+    ("\\boxed{5\\mathrm{m}}", "5", True, 1.0),
+    ("\\boxed{-3 m}", "-3", True, 1.0),
+    ("\\boxed{2m}", "2", True, 0.0),
+    ("\\boxed{2}", "2m", True, 0.0),
+    ("\\boxed{3g}", "3", True, 0.0),
+    ("\\boxed{3g}", "3g", True, 1.0),
+    # x = 5 is 5; a `####` line drops an answer phrase before its number, and no other words
     ("\\boxed{x=5}", "5", True, 1.0),
     ("\\boxed{y = -2}", "-2", True, 1.0),
     ("\\boxed{x = 5, y = 3}", "5", True, 0.0),
@@ -141,6 +204,13 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("#### 45 minutes", "45", True, 1.0),
     ("#### The answer is 72", "72", True, 1.0),
     ("#### Answer: 72", "72", True, 1.0),
+    ("#### The final answer is: 72", "72", True, 1.0),
+    ("#### final answer 72", "72", True, 1.0),
+    ("#### less than 5", "5", True, 0.0),
+    ("#### at most 18", "18", True, 0.0),
+    ("#### not 72", "72", True, 0.0),
+    ("#### approximately 7", "7", True, 0.0),
+    ("#### The answer is not 72", "72", True, 0.0),
     ("#### 5 \\text{ cm}^2", "5", True, 1.0),
     ("#### 5 or more", "5", True, 0.0),
     ("#### x^2", "2", True, 0.0),
@@ -162,10 +232,12 @@ def test_json_number_answers_are_read_exactly(tmp_path):
     assert common.answer_reward("\\boxed{2.5}", rows[2][1], True) == 1.0
 
 
-def test_a_json_answer_too_large_to_write_out_stops_with_one_line(tmp_path):
+@pytest.mark.parametrize("answer, shown", [("1e999999999", r"1E\+999999999"),   # a billion digits written out
+                                           ("1" + "0" * 4999, "1" + "0" * 4999)])   # past json's int() limit
+def test_a_json_answer_too_large_to_write_out_stops_with_one_line(tmp_path, answer, shown):
     path = tmp_path / "huge.jsonl"
-    path.write_text('{"prompt": "a", "answer": 1e999999999}\n')   # 10^999999999: a billion digits written out
-    with pytest.raises(common.UsageError, match=r"line 1: the answer 1E\+999999999 is too large or too small"):
+    path.write_text('{"prompt": "a", "answer": %s}\n' % answer)
+    with pytest.raises(common.UsageError, match=rf"line 1: the answer {shown} is too large or too small"):
         common.read_jsonl(str(path))
 
 
