@@ -19,7 +19,8 @@ imports back. It reads in the order a training step calls it:
         optimizer_step(policy, optimizer, loss, max_grad_norm)
             backward, clipping, step; a non-finite loss or gradient skips the update and is counted
     run = Run(...); for step in run.steps(): ...; run.log(record); run.finish()
-        metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM
+        metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM; at the end (or
+        on a stop) the policy goes to DIR/model, for Hugging Face's from_pretrained or the toy's moe_model.load
 
 Then the routing of Hugging Face MoE models, the worlds (the toy tasks; real models and data), the
 metrics, and the command line.
@@ -35,6 +36,7 @@ import numbers
 import os
 import re
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
+import moe_model
 from moe_model import MoEConfig, MoETransformer
 
 
@@ -487,6 +490,7 @@ class World:
     eos_ids: tuple         # a completion ends at the first of these tokens (it is part of the completion)
     pad_id: int
     max_new_tokens: int
+    tokenizer: typing.Any = None   # --model's Hugging Face tokenizer, exported with the model; None for the toy
 
     def sample(self, n):
         """n random training prompts (with replacement), drawn from torch's generator."""
@@ -665,7 +669,7 @@ def check_scoring(model, name):
 
 def load_hf(name, device):
     """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     path = os.path.expanduser(name)
     if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
         check(not os.path.exists(path), f"--model {name}: not a folder")
@@ -675,13 +679,33 @@ def load_hf(name, device):
               f"--model {name}: no config.json in that folder, so not a Hugging Face model")
     name = path
     try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # The config as the checkpoint has it, for save_hf: loading in fp32 rewrote the model's dtype to float32,
+    # and training_mode will set its dropout to 0.
+    model.original_config = config
     return watch_routers(model.to(device)), tokenizer
+
+
+def save_hf(model, tokenizer, folder):
+    """The policy as from_pretrained loads it: save_pretrained (safetensors, config.json, generation_config.json)
+    and the tokenizer, in the dtype of the checkpoint the run started from. load_hf trains fp32 master weights;
+    a bf16 checkpoint is exported in bf16 (half the size, what from_pretrained gives back), one in fp32 in fp32."""
+    dtype = model.original_config.dtype or torch.float32           # no dtype in config.json: from_pretrained's fp32
+    cast = {}  # tensor -> its copy; tied weights (embeddings and head) stay one tensor, which is written once
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in cast:
+            cast[tensor.data_ptr()] = tensor.to("cpu", dtype)
+        state[name] = cast[tensor.data_ptr()]
+    model.save_pretrained(folder, state_dict=state)
+    model.original_config.save_pretrained(folder)  # over save_pretrained's, which has the fp32 weights' dtype
+    tokenizer.save_pretrained(folder)
 
 
 def read_jsonl(path):
@@ -731,7 +755,7 @@ def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
     ends = getattr(model.generation_config, "eos_token_id", None)
     ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
     eos_ids = tuple(dict.fromkeys([tokenizer.eos_token_id, *ends]))
-    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens)
+    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens, tokenizer)
 
 
 def load_reward(spec):
@@ -1107,12 +1131,12 @@ class Run:
         for step in run.steps():     # resumes after the checkpoint's step; a progress bar
             ...
             run.log(record)          # evaluation when due, metrics.jsonl, checkpoint every --save-every
-        run.finish()                 # last checkpoint, summary
+        run.finish()                 # last checkpoint, the policy exported to DIR/model, summary
 
     `state` maps names to everything with a state_dict (policy, optimizer, a critic...); the first
     entry is the policy. A checkpoint holds those, the step, every random generator's state and the
     arguments; it is written to a temporary file and renamed, so a crash never leaves half of one.
-    Ctrl-C or SIGTERM finishes the current step, saves, and stops; a second one stops at once."""
+    Ctrl-C or SIGTERM finishes the current step, saves, exports, and stops; a second one stops at once."""
 
     def __init__(self, algorithm, args, world, state):
         self.algorithm, self.args, self.world, self.state = algorithm, args, world, state
@@ -1153,10 +1177,10 @@ class Run:
             for step in self.bar:
                 yield step
                 if self.stop_signal:
-                    self.save(step)
+                    self.save(step, final=True)
                     self.bar.close()
-                    print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to {self.checkpoint_path}; "
-                          f"continue with --resume {self.out}", file=sys.stderr)
+                    print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to {self.checkpoint_path} "
+                          f"and {self.out / 'model'}; continue with --resume {self.out}", file=sys.stderr)
                     raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
             for s, handler in previous.items():
@@ -1183,7 +1207,7 @@ class Run:
         self.bad_steps = self.bad_steps + 1 if record.get("skipped_updates") else 0
         if self.bad_steps >= MAX_BAD_STEPS:
             # Skipped updates leave the weights untouched: what is saved is the last good state.
-            self.save(step)
+            self.save(step, final=True)
             self.bar.close()
             raise RunStopped(f"non-finite loss or gradient in {self.bad_steps} steps in a row "
                              f"(steps {step - self.bad_steps + 1}-{step}); the last good state is saved "
@@ -1199,7 +1223,8 @@ class Run:
     def last_eval(self):
         return next(r["eval_accuracy"] for r in reversed(self.history) if "eval_accuracy" in r)
 
-    def save(self, step):
+    def save(self, step, final=False):
+        """checkpoint.pt; when the run ends or stops (final), the policy exported to DIR/model too."""
         checkpoint = {"algorithm": self.algorithm, "step": step, "args": dataclasses.asdict(self.args),
                       "rng": torch.get_rng_state(),
                       "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -1207,6 +1232,22 @@ class Run:
         tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
         torch.save(checkpoint, tmp)
         os.replace(tmp, self.checkpoint_path)  # atomic: the old checkpoint stays until the new one is whole
+        if final:
+            self.export()
+
+    def export(self):
+        """DIR/model: the policy (never PPO's critic) as others load it: a Hugging Face model with its tokenizer
+        (save_hf), or the toy as moe_model.save writes it, with its vocabulary (a token's id is its index). Written
+        beside and renamed, as the checkpoint is: a second Ctrl-C during the export leaves no half folder as model/."""
+        folder, tmp = self.out / "model", self.out / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(self.policy, MoETransformer):
+            moe_model.save(self.policy, tmp)
+            (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
+        else:
+            save_hf(self.policy, self.world.tokenizer, tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
 
     def read_metrics(self):
         where = f"--resume {self.args.resume}"
@@ -1249,9 +1290,9 @@ class Run:
         return checkpoint["step"]
 
     def finish(self):
-        """Last checkpoint, then the run's summary: base and final eval accuracy, sampled accuracy,
+        """Last checkpoint and DIR/model, then the run's summary: base and final eval accuracy, sampled accuracy,
         time per step by phase."""
-        self.save(self.history[-1]["step"])
+        self.save(self.history[-1]["step"], final=True)
         steps = [h for h in self.history if "step_time_s" in h]
         last = steps[-max(1, len(steps) // 10):]
         key = "sampled_accuracy" if "sampled_accuracy" in last[-1] else "accuracy"  # DAPO: over all it generated
@@ -1261,4 +1302,4 @@ class Run:
         phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
                            for k in steps[0] if k.startswith("time_"))
         print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
-              f"total {sum(h['step_time_s'] for h in steps):.0f} s; checkpoint and metrics in {self.out}")
+              f"total {sum(h['step_time_s'] for h in steps):.0f} s; checkpoint, metrics and model/ in {self.out}")

@@ -9,14 +9,19 @@ experts the router chose in every layer, and can be given recorded experts to us
     logits, routing, aux_loss = model(tokens)                 # routing: [n_layers, B, S, top_k]
     logits, _, _ = model(tokens, routing=routing)             # replay those experts
     hidden, routing, aux_loss = model.trunk(tokens)           # the same without the vocabulary head
+    save(model, "folder"); model = load("folder")             # config.json and model.safetensors
 
 n_experts=1 gives the dense equivalent (one SwiGLU feed-forward per layer).
 """
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch.utils.checkpoint import checkpoint
 
 
@@ -174,3 +179,20 @@ class MoETransformer(nn.Module):
             chosen.append(c)
             aux.append(a)
         return self.norm(x), torch.stack(chosen), torch.stack(aux).mean()
+
+
+def save(model, folder):
+    """The model as a folder: its MoEConfig in config.json, its weights in model.safetensors (data only,
+    never code, as in Hugging Face's folders)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2) + "\n")
+    save_file(model.state_dict(), folder / "model.safetensors")
+
+
+def load(folder):
+    """The model save(model, folder) wrote, on the CPU in eval mode (runs write theirs to DIR/model)."""
+    folder = Path(folder)
+    model = MoETransformer(MoEConfig(**json.loads((folder / "config.json").read_text())))
+    model.load_state_dict(load_file(folder / "model.safetensors"))
+    return model.eval()

@@ -16,6 +16,7 @@ import common
 import dapo
 import grpo
 import gspo
+import moe_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,11 +169,13 @@ def test_a_second_run_leaves_the_first_untouched(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                                        # runs/ goes here
     run(grpo, TINY_NO_STEPS + ["--steps", "2"])
     (first,) = (tmp_path / "runs").iterdir()
-    before = {f.name: f.read_bytes() for f in first.iterdir()}
-    assert first.name.startswith("grpo-add-") and set(before) == {"metrics.jsonl", "checkpoint.pt"}
+    files = lambda: {str(f.relative_to(first)): f.read_bytes() for f in first.rglob("*") if f.is_file()}
+    before = files()
+    assert first.name.startswith("grpo-add-") and set(before) == {
+        "metrics.jsonl", "checkpoint.pt", "model/config.json", "model/model.safetensors", "model/vocab.json"}
     run(grpo, TINY_NO_STEPS + ["--steps", "2", "--seed", "1"])
     assert len(list((tmp_path / "runs").iterdir())) == 2
-    assert {f.name: f.read_bytes() for f in first.iterdir()} == before
+    assert files() == before
 
 
 def test_an_out_folder_that_holds_a_run_is_refused(finished, capsys):
@@ -206,10 +209,15 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path):
         time.sleep(0.2)                                                # steps 0 to 2 logged: it is training
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
-    saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
-    assert process.returncode == 128 + signal.SIGTERM and f"SIGTERM: saved step {saved} to {out}" in err
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    saved = checkpoint["step"]
+    assert process.returncode == 128 + signal.SIGTERM
+    assert f"SIGTERM: saved step {saved} to {out / 'checkpoint.pt'} and {out / 'model'}; continue with" in err
     assert "SIGTERM: finishing this step, then saving" in err           # said at once, from the handler
     assert saved == read_metrics(out)[-1]["step"] >= 2
+    exported = moe_model.load(out / "model").state_dict()               # the policy of that step, exported
+    assert exported.keys() == checkpoint["policy"].keys()
+    assert all(torch.equal(v, checkpoint["policy"][k]) for k, v in exported.items())
 
 
 def test_a_signal_that_lands_while_stderr_is_written_still_saves(tmp_path, monkeypatch):
