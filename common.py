@@ -21,6 +21,7 @@ imports back. It reads in the order a training step calls it:
     run = Run(...); for step in run.steps(): ...; run.log(record); run.finish()
         metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM; at the end (or
         on a stop) the policy goes to DIR/model, for Hugging Face's from_pretrained or the toy's moe_model.load
+        (with --lora-r its adapters go to DIR/adapter, for peft's PeftModel.from_pretrained)
 
 Then the routing of Hugging Face MoE models, the worlds (the toy tasks; real models and data), the
 metrics, and the command line.
@@ -41,6 +42,7 @@ import signal
 import sys
 import time
 import typing
+import warnings
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -250,6 +252,9 @@ def fixed_logprobs(model, world, rollout, temperature, chunks):
     gradient; one forward per chunk of rows to bound memory. Returns logp [N, T], the entropy of that
     policy's sampling distribution [N, T], and the routing of every position [L, N, P+T-1, k] (or None),
     recorded for Routing Replay and for measuring how routing drifts during the update."""
+    if isinstance(model, AdaptersOff):
+        with model.policy.disable_adapter():
+            return fixed_logprobs(model.policy, world, rollout, temperature, chunks)
     parts = [logprobs(model, world, rollout[idx], temperature) for idx in minibatches(len(rollout.mask), chunks)]
     routing = None if parts[0][2] is None else torch.cat([p[2] for p in parts], 1)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), routing
@@ -264,7 +269,8 @@ def trunk(model, tokens, attention_mask, routing=None):
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     set_replay(model, routing)
-    out = model.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
+    out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
     chosen, aux_loss = recorded_routing(model, tokens.shape)
     return out.last_hidden_state, chosen, aux_loss
 
@@ -312,8 +318,22 @@ def masked_mean(x, mask):
 
 
 def frozen_copy(model):
-    """The frozen reference policy for a KL term."""
+    """The frozen reference policy for a KL term: a copy of the policy, or with LoRA the policy itself with its
+    adapters off (the base it started from, which never changes), so no second copy of the weights."""
+    if is_lora(model):
+        return AdaptersOff(model)
     return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+@dataclass
+class AdaptersOff:
+    """A LoRA policy seen with its adapters disabled: the reference, for fixed_logprobs."""
+    policy: typing.Any
+
+
+def trainable(model):
+    """The parameters AdamW trains: all of them, or with LoRA only the adapters (and PPO's value head)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -628,10 +648,13 @@ def make_policy(args, device):
     check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
     rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
     reward = load_reward(args.reward) if args.reward else None
-    model, tokenizer = load_hf(args.model, device)
+    lora = lora_config(args) if args.lora_r else None     # peft missing: say so before loading the model
+    # LoRA freezes the base: on CUDA it stays in the checkpoint's dtype (bf16: 2 bytes a parameter, not 16 with
+    # fp32 weights, gradients and AdamW's two moments); elsewhere fp32, as bf16 matmuls are slow on a CPU.
+    model, tokenizer = load_hf(args.model, device, "auto" if lora and device.type == "cuda" else torch.float32)
     world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
     world.reward = reward or world.reward
-    model = training_mode(model, args.gradient_checkpointing)
+    model = training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
     check_scoring(model, args.model)
     return model, world
 
@@ -667,8 +690,9 @@ def check_scoring(model, name):
           f"(largest difference {(got - expected).abs().max().item():.2g}); this model is not supported")
 
 
-def load_hf(name, device):
-    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off."""
+def load_hf(name, device, dtype=torch.float32):
+    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off. The
+    weights in fp32 (the optimizer's master weights), or in the checkpoint's dtype with dtype="auto"."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     path = os.path.expanduser(name)
     if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
@@ -680,7 +704,7 @@ def load_hf(name, device):
     name = path
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
@@ -690,6 +714,36 @@ def load_hf(name, device):
     # and training_mode will set its dropout to 0.
     model.original_config = config
     return watch_routers(model.to(device)), tokenizer
+
+
+def lora_config(args):
+    """--lora-r: peft's LoRA on every linear layer but the vocabulary head ("all-linear"): attention and MLP, and
+    in a Mixture-of-Experts layer the router and the experts (peft 0.21 adapts Qwen3-MoE's fused expert weights).
+    No dropout, as everywhere in the update (training_mode)."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise UsageError("--lora-r needs peft, which is not installed: pip install peft") from None
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
+def add_lora(model, config, seed):
+    """The model wrapped in a peft PeftModel: LoRA adapters W + (alpha / r) B A on the layers of `config`, with B = 0,
+    so it starts as the base. The base weights are frozen in the dtype they were loaded in; the adapters are fp32
+    (peft's autocast_adapter_dtype) and the only trainable parameters."""
+    from peft import get_peft_model
+    torch.manual_seed(seed)        # A is drawn at random: the same seed, the same adapters (and run)
+    with warnings.catch_warnings():  # peft's presets name expert layers that some families (Qwen3-MoE) call otherwise,
+        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys did not match")
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")     # and it asks an old name
+        return get_peft_model(model, config)
+
+
+def is_lora(model):
+    """A model with LoRA adapters (add_lora); peft is imported only when --lora-r asks for it."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def save_hf(model, tokenizer, folder):
@@ -1066,6 +1120,11 @@ def check_common_args(args, min_group_size=2):
     check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
+    check(args.lora_r >= 0 and args.lora_alpha > 0,
+          f"--lora-r must be 0 (off) or positive and --lora-alpha positive, got {args.lora_r} and {args.lora_alpha}")
+    check(args.lora_r == 0 or args.model is not None, "--lora-r needs --model (the toy model is small: it trains "
+                                                      "in full)")
+    check(args.lora_r > 0 or not args.merge_lora, "--merge-lora needs --lora-r")
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
 
@@ -1092,13 +1151,21 @@ def pick_device(name):
 # A run: metrics.jsonl, evaluation, progress bar, checkpoints and resuming
 # ----------------------------------------------------------------------------------------------
 
+def saved_state(obj):
+    """What a checkpoint keeps of obj: its state_dict, or of a LoRA model only the tensors it trains (the adapters,
+    PPO's value head): the frozen base is --model's, and --resume loads it again."""
+    if is_lora(obj):
+        return {name: p.detach() for name, p in obj.named_parameters() if p.requires_grad}
+    return obj.state_dict()
+
+
 class RunStopped(Exception):
     """The run stopped on purpose (repeated non-finite updates, nothing left to learn from): message
     printed, exit code 1."""
 
 
 # Settings a resumed run may change; any other difference from the checkpoint's is refused.
-RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every", "gradient_checkpointing"}
+RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every", "gradient_checkpointing", "merge_lora"}
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 
@@ -1179,8 +1246,9 @@ class Run:
                 if self.stop_signal:
                     self.save(step, final=True)
                     self.bar.close()
+                    exported = self.out / ("adapter" if is_lora(self.policy) else "model")
                     print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to {self.checkpoint_path} "
-                          f"and {self.out / 'model'}; continue with --resume {self.out}", file=sys.stderr)
+                          f"and {exported}; continue with --resume {self.out}", file=sys.stderr)
                     raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
             for s, handler in previous.items():
@@ -1228,7 +1296,7 @@ class Run:
         checkpoint = {"algorithm": self.algorithm, "step": step, "args": dataclasses.asdict(self.args),
                       "rng": torch.get_rng_state(),
                       "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                      **{name: obj.state_dict() for name, obj in self.state.items()}}
+                      **{name: saved_state(obj) for name, obj in self.state.items()}}
         tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
         torch.save(checkpoint, tmp)
         os.replace(tmp, self.checkpoint_path)  # atomic: the old checkpoint stays until the new one is whole
@@ -1237,15 +1305,31 @@ class Run:
 
     def export(self):
         """DIR/model: the policy (never PPO's critic) as others load it: a Hugging Face model with its tokenizer
-        (save_hf), or the toy as moe_model.save writes it, with its vocabulary (a token's id is its index). Written
-        beside and renamed, as the checkpoint is: a second Ctrl-C during the export leaves no half folder as model/."""
-        folder, tmp = self.out / "model", self.out / "model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        (save_hf), or the toy as moe_model.save writes it, with its vocabulary (a token's id is its index). With LoRA,
+        DIR/adapter instead: the adapters and the tokenizer, for PeftModel.from_pretrained(base, "DIR/adapter"); and
+        with --merge-lora also DIR/model, the base with the adapters merged in (made on a copy of the policy)."""
         if isinstance(self.policy, MoETransformer):
-            moe_model.save(self.policy, tmp)
-            (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
+            with self.new_folder("model") as tmp:
+                moe_model.save(self.policy, tmp)
+                (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
+        elif is_lora(self.policy):
+            with self.new_folder("adapter") as tmp:
+                self.policy.save_pretrained(tmp)
+                self.world.tokenizer.save_pretrained(tmp)
+            if self.args.merge_lora:
+                with self.new_folder("model") as tmp:
+                    save_hf(copy.deepcopy(self.policy).merge_and_unload(), self.world.tokenizer, tmp)
         else:
-            save_hf(self.policy, self.world.tokenizer, tmp)
+            with self.new_folder("model") as tmp:
+                save_hf(self.policy, self.world.tokenizer, tmp)
+
+    @contextlib.contextmanager
+    def new_folder(self, name):
+        """DIR/name, written beside (the block writes DIR/name.tmp) and renamed when whole, as the checkpoint is:
+        a second Ctrl-C during the export leaves no half folder under that name."""
+        folder, tmp = self.out / name, self.out / f"{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        yield tmp
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
 
@@ -1283,7 +1367,12 @@ class Run:
                   for k, v in now.items() if k not in RESUMABLE and saved.get(k) != v]
         check(not differ, f"{where}: settings differ from the checkpoint's: " + "; ".join(differ))
         for name, obj in self.state.items():
-            obj.load_state_dict(checkpoint[name])
+            if is_lora(obj):  # only the trained tensors are in the checkpoint; the base is --model's, loaded again
+                check(set(checkpoint[name]) == set(saved_state(obj)), f"{where}: the adapters in checkpoint.pt do not "
+                                                                      f"fit this model's")
+                obj.load_state_dict(checkpoint[name], strict=False)
+            else:
+                obj.load_state_dict(checkpoint[name])
         torch.set_rng_state(checkpoint["rng"])
         if checkpoint["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])

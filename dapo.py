@@ -91,6 +91,11 @@ class Args:
     max_grad_norm: float = arg(1.0, "gradient clipping")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
                                              "less memory, slower updates")
+    # LoRA (--model only)
+    lora_r: int = arg(0, "LoRA rank: train low-rank adapters on every linear layer but the vocabulary head, the base "
+                         "frozen (0: off, every weight trains); needs peft. Give a larger --lr (~10x)")
+    lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
+    merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # DAPO
     clip_eps_low: float = arg(0.2, "clip range of the token ratio below 1")
     clip_eps_high: float = arg(0.28, "clip range above 1 (ignored with --no-clip-higher: then = --clip-eps-low)")
@@ -226,7 +231,7 @@ def train(args):
           f"--overlong-buffer must be between 1 and --max-new-tokens - 1 ({world.max_new_tokens - 1}), "
           f"got {args.overlong_buffer}")
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
     for step in run.steps():

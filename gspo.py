@@ -88,6 +88,11 @@ class Args:
     max_grad_norm: float = arg(1.0, "gradient clipping")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
                                              "less memory, slower updates")
+    # LoRA (--model only)
+    lora_r: int = arg(0, "LoRA rank: train low-rank adapters on every linear layer but the vocabulary head, the base "
+                         "frozen (0: off, every weight trains); needs peft. Give a larger --lr (~10x)")
+    lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
+    merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # GSPO
     clip_eps_low: float = arg(3e-4, "clip range of the sequence ratio, below 1 (paper: 3e-4)")
     clip_eps_high: float = arg(4e-4, "clip range of the sequence ratio, above 1 (paper: 4e-4)")
@@ -151,7 +156,7 @@ def train(args):
     device = common.pick_device(args.device)
     policy, world = common.make_policy(args, device)
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
     for step in run.steps():

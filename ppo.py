@@ -86,6 +86,11 @@ class Args:
     max_grad_norm: float = arg(1.0, "gradient clipping")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
                                              "less memory, slower updates")
+    # LoRA (--model only)
+    lora_r: int = arg(0, "LoRA rank: train low-rank adapters on every linear layer but the vocabulary head, the base "
+                         "frozen (0: off, every weight trains); needs peft. Give a larger --lr (~10x)")
+    lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
+    merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # PPO
     clip_eps: float = arg(0.2, "clip range of the token ratio")
     beta_kl: float = arg(0.05, "KL penalty to the frozen reference policy, in the reward")
@@ -155,12 +160,16 @@ def value_loss(values, old_values, returns, mask, clip_range=0.2):
 
 def make_critic(policy):
     """The value model: the policy's architecture and weights (warm-started), with the vocabulary head
-    swapped for a scalar one in the trunk's dtype, initialised to 0 so that the first values are 0."""
-    critic = copy.deepcopy(policy)
+    swapped for a scalar one in the trunk's dtype (fp32 with LoRA: it trains, on a frozen bf16 base),
+    initialised to 0 so that the first values are 0. With LoRA the critic is its own adapters and value head
+    on the policy's frozen base, shared, not copied: the copy takes the policy's frozen tensors as they are."""
+    shared = {id(p): p for p in policy.parameters() if not p.requires_grad} if common.is_lora(policy) else {}
+    critic = copy.deepcopy(policy, memo=shared)
     if not isinstance(critic, MoETransformer):
         critic.config.tie_word_embeddings = False   # else a later tie_weights() would put the vocabulary head back
     head = common.output_head(critic)
-    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)
+    dtype = torch.float32 if common.is_lora(policy) else head.weight.dtype
+    value_head = torch.nn.Linear(head.in_features, 1).to(head.weight.device, dtype)
     torch.nn.init.zeros_(value_head.weight), torch.nn.init.zeros_(value_head.bias)
     if isinstance(critic, MoETransformer):
         critic.head = value_head
@@ -195,13 +204,15 @@ def train(args):
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
     critic = make_critic(policy)                                 # the warm-started weights, a scalar head
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0, fused=True)
+    optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    critic_optimizer = torch.optim.AdamW(common.trainable(critic), lr=args.critic_lr, weight_decay=0.0, fused=True)
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
                                                          "critic": critic, "critic_optimizer": critic_optimizer})
-    millions = lambda model: sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"policy {millions(policy):.2f} M parameters, critic {millions(critic):.2f} M more (trained), "
-          f"reference {millions(ref):.2f} M (frozen)")
+    millions = lambda params: sum(p.numel() for p in params) / 1e6
+    print(f"policy {millions(policy.parameters()):.2f} M parameters ({millions(common.trainable(policy)):.2f} M "
+          f"trained), critic {millions(common.trainable(critic)):.2f} M more (trained)"
+          + ("; with LoRA the critic and the reference share the policy's frozen base" if args.lora_r
+             else f", reference {millions(ref.parameters()):.2f} M (frozen)"))
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

@@ -1,5 +1,6 @@
 """README.md's "Graduating to TRL or verl" table and ppo.py's verl defaults, checked against the installed verl
 and TRL: `pip install --no-deps verl==0.9.1 trl==1.16.0` is enough (CI does it); without them those checks skip."""
+import ast
 import dataclasses
 import importlib.util
 import re
@@ -14,7 +15,7 @@ import ppo
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # Values in the table that stand for the user's numbers, not for a literal setting.
-PLACEHOLDERS = {"P", "G", "L_max", "L_cache"}
+PLACEHOLDERS = {"P", "G", "L_max", "L_cache", "R", "A"}
 # One table key, with or without a value: `epsilon`, `rollout.n=G`, `+reward.reward_kwargs.max_resp_len=L_max`.
 KEY = re.compile(r"(\+?[A-Za-z_][\w.]*)(?:=(.+))?")
 
@@ -53,6 +54,8 @@ def test_the_table_names_what_it_should():
     assert (False, "actor_rollout_ref.actor.clip_ratio_high", "0.28") in keys
     assert (True, "reward.reward_kwargs.overlong_buffer_cfg.len", "L_cache") in keys
     assert ("mask_truncated_completions", None) in sum(table_cells(1), [])
+    assert (False, "actor_rollout_ref.model.target_modules", "all-linear") in keys
+    assert ("peft_config", 'LoraConfig(r=R, lora_alpha=A, target_modules="all-linear")') in sum(table_cells(1), [])
 
 
 @pytest.fixture(scope="module")
@@ -128,13 +131,30 @@ def test_the_verl_defaults_ppo_py_names(verl):
         assert readme.get(spelt_out(key)) == value, f"README's ppo.py row: {key} should be set to {value}"
 
 
+def trainer_arguments(trl_root):
+    """The arguments of GRPOTrainer.__init__, read from its source (importing it needs TRL's dependencies)."""
+    tree = ast.parse((trl_root / "trainer" / "grpo_trainer.py").read_text())
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
+    init = next(n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return {a.arg for a in init.args.args + init.args.kwonlyargs}
+
+
 def test_every_trl_name_of_the_table_is_in_trl():
     pytest.importorskip("trl", reason="trl is not installed (pip install --no-deps trl==1.16.0)")
     import trl.rewards
     from trl import GRPOConfig
     fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    arguments = trainer_arguments(Path(trl.rewards.__file__).parent.parent)
+    assert {"model", "args", "peft_config"} <= arguments
     for name, value in sum(table_cells(1), []):
-        assert name in fields or hasattr(trl.rewards, name), f"README's table names {name}, which TRL lacks"
+        assert name in fields or hasattr(trl.rewards, name) or name in arguments, \
+            f"README's table names {name}, which TRL lacks"
+        if value and value.startswith("LoraConfig("):   # peft's LoraConfig: its keywords must be its fields
+            peft = pytest.importorskip("peft", reason="peft is not installed (pip install peft)")
+            call = ast.parse(value).body[0].value
+            unknown = {k.arg for k in call.keywords} - {f.name for f in dataclasses.fields(peft.LoraConfig)}
+            assert not unknown, f"README: LoraConfig has no {unknown}"
+            continue
         if value and value.startswith('"'):   # a choice: its help text lists the choices, quoted
             choice = value.strip('"')
             assert f"'{choice}'" in fields[name].metadata["help"], f"README: {name}={value}"
