@@ -734,10 +734,16 @@ def add_lora(model, config, seed):
     (peft's autocast_adapter_dtype) and the only trainable parameters."""
     from peft import get_peft_model
     torch.manual_seed(seed)        # A is drawn at random: the same seed, the same adapters (and run)
+    with quiet_peft():
+        return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def quiet_peft():
     with warnings.catch_warnings():  # peft's presets name expert layers that some families (Qwen3-MoE) call otherwise,
         warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys did not match")
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")     # and it asks an old name
-        return get_peft_model(model, config)
+        yield
 
 
 def is_lora(model):
@@ -746,16 +752,43 @@ def is_lora(model):
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def merged_lora(name, adapter):
+    """--merge-lora: the base --model, loaded again on the CPU in its checkpoint's dtypes, with the adapters of the
+    folder `adapter` (the run's export) added into its weights. Not a copy of the policy: that would be a second
+    model on the GPU, where a large MoE model has no room for it. peft computes each B A in fp32 on the CPU and
+    adds it into W in W's dtype (a bf16 W is rounded once more, as the bf16 export would round it anyway)."""
+    from peft import PeftModel
+    base, _ = load_hf(name, torch.device("cpu"), "auto")
+    with quiet_peft():
+        return PeftModel.from_pretrained(base, adapter).merge_and_unload()
+
+
+def loaded_dtypes(config):
+    """name -> the dtype from_pretrained(dtype="auto") gives each tensor of the model of `config`: config.json's dtype
+    (fp32 when it names none), but fp32 for a tensor its model class makes in fp32 or keeps in fp32 whatever the
+    checkpoint's dtype (_keep_in_fp32_modules_strict): DeepSeek-V3's router weight and e_score_correction_bias, which
+    bf16 would round (4.3738 to 4.375: a bias of 0.0012 less can change which experts a token gets). The rule is
+    from_pretrained's, applied to the model built on the meta device: the dtypes without the weights."""
+    from transformers import AutoModelForCausalLM
+    dtype = config.dtype or torch.float32
+    with torch.device("meta"):
+        shell = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)  # it rewrites config.dtype
+    kept = "|".join(p.replace("*", ".*") for p in shell._get_dtype_plan(dtype))     # transformers' patterns, as it
+    return {name: torch.float32 if kept and re.search(kept, name) else t.dtype       # matches them (5.24)
+            for name, t in shell.state_dict().items()}
+
+
 def save_hf(model, tokenizer, folder):
     """The policy as from_pretrained loads it: save_pretrained (safetensors, config.json, generation_config.json)
-    and the tokenizer, in the dtype of the checkpoint the run started from. load_hf trains fp32 master weights;
-    a bf16 checkpoint is exported in bf16 (half the size, what from_pretrained gives back), one in fp32 in fp32."""
-    dtype = model.original_config.dtype or torch.float32           # no dtype in config.json: from_pretrained's fp32
+    and the tokenizer, each tensor in the dtype the checkpoint the run started from loads it in (loaded_dtypes).
+    load_hf trains fp32 master weights; a bf16 checkpoint is exported in bf16 (half the size, what from_pretrained
+    gives back), rounded once, but for the tensors its model keeps in fp32; one in fp32 in fp32."""
+    dtypes = loaded_dtypes(model.original_config)
     cast = {}  # tensor -> its copy; tied weights (embeddings and head) stay one tensor, which is written once
     state = {}
     for name, tensor in model.state_dict().items():
         if tensor.data_ptr() not in cast:
-            cast[tensor.data_ptr()] = tensor.to("cpu", dtype)
+            cast[tensor.data_ptr()] = tensor.to("cpu", dtypes[name])
         state[name] = cast[tensor.data_ptr()]
     model.save_pretrained(folder, state_dict=state)
     model.original_config.save_pretrained(folder)  # over save_pretrained's, which has the fp32 weights' dtype
@@ -1125,6 +1158,7 @@ def check_common_args(args, min_group_size=2):
     check(args.lora_r == 0 or args.model is not None, "--lora-r needs --model (the toy model is small: it trains "
                                                       "in full)")
     check(args.lora_r > 0 or not args.merge_lora, "--merge-lora needs --lora-r")
+    check(args.lora_r > 0 or args.lora_alpha == type(args).lora_alpha, "--lora-alpha needs --lora-r")
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
 
@@ -1157,6 +1191,12 @@ def saved_state(obj):
     if is_lora(obj):
         return {name: p.detach() for name, p in obj.named_parameters() if p.requires_grad}
     return obj.state_dict()
+
+
+def listed(items):
+    """The items as "a, b and c": how a run's messages name the files and folders it wrote."""
+    items = [str(item) for item in items]
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
 class RunStopped(Exception):
@@ -1244,11 +1284,11 @@ class Run:
             for step in self.bar:
                 yield step
                 if self.stop_signal:
-                    self.save(step, final=True)
+                    exported = self.save(step, final=True)
                     self.bar.close()
-                    exported = self.out / ("adapter" if is_lora(self.policy) else "model")
-                    print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to {self.checkpoint_path} "
-                          f"and {exported}; continue with --resume {self.out}", file=sys.stderr)
+                    print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to "
+                          f"{listed([self.checkpoint_path, *exported])}; continue with --resume {self.out}",
+                          file=sys.stderr)
                     raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
             for s, handler in previous.items():
@@ -1292,7 +1332,8 @@ class Run:
         return next(r["eval_accuracy"] for r in reversed(self.history) if "eval_accuracy" in r)
 
     def save(self, step, final=False):
-        """checkpoint.pt; when the run ends or stops (final), the policy exported to DIR/model too."""
+        """checkpoint.pt; when the run ends or stops (final), the policy exported to DIR/model too (export: the folders
+        it wrote)."""
         checkpoint = {"algorithm": self.algorithm, "step": step, "args": dataclasses.asdict(self.args),
                       "rng": torch.get_rng_state(),
                       "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -1300,28 +1341,32 @@ class Run:
         tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
         torch.save(checkpoint, tmp)
         os.replace(tmp, self.checkpoint_path)  # atomic: the old checkpoint stays until the new one is whole
-        if final:
-            self.export()
+        return self.export() if final else []
 
     def export(self):
         """DIR/model: the policy (never PPO's critic) as others load it: a Hugging Face model with its tokenizer
         (save_hf), or the toy as moe_model.save writes it, with its vocabulary (a token's id is its index). With LoRA,
         DIR/adapter instead: the adapters and the tokenizer, for PeftModel.from_pretrained(base, "DIR/adapter"); and
-        with --merge-lora also DIR/model, the base with the adapters merged in (made on a copy of the policy)."""
+        with --merge-lora also DIR/model, the base with the adapters merged in (merged_lora, on the CPU). Returns the
+        folders written."""
         if isinstance(self.policy, MoETransformer):
             with self.new_folder("model") as tmp:
                 moe_model.save(self.policy, tmp)
                 (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
-        elif is_lora(self.policy):
-            with self.new_folder("adapter") as tmp:
-                self.policy.save_pretrained(tmp)
-                self.world.tokenizer.save_pretrained(tmp)
-            if self.args.merge_lora:
-                with self.new_folder("model") as tmp:
-                    save_hf(copy.deepcopy(self.policy).merge_and_unload(), self.world.tokenizer, tmp)
-        else:
+            return [self.out / "model"]
+        if not is_lora(self.policy):
             with self.new_folder("model") as tmp:
                 save_hf(self.policy, self.world.tokenizer, tmp)
+            return [self.out / "model"]
+        with self.new_folder("adapter") as tmp:
+            self.policy.save_pretrained(tmp)
+            self.world.tokenizer.save_pretrained(tmp)
+        if not self.args.merge_lora:  # a model/ left by an earlier --merge-lora export of this run is stale: it goes
+            shutil.rmtree(self.out / "model", ignore_errors=True)
+            return [self.out / "adapter"]
+        with self.new_folder("model") as tmp:
+            save_hf(merged_lora(self.args.model, self.out / "adapter"), self.world.tokenizer, tmp)
+        return [self.out / "adapter", self.out / "model"]
 
     @contextlib.contextmanager
     def new_folder(self, name):
@@ -1362,9 +1407,10 @@ class Run:
         check(isinstance(checkpoint, dict) and "algorithm" in checkpoint, f"{where}: checkpoint.pt is not one of ours")
         check(checkpoint["algorithm"] == self.algorithm,
               f"{where}: the checkpoint is from {checkpoint['algorithm']}.py, not {self.algorithm}.py")
-        saved, now = checkpoint["args"], dataclasses.asdict(self.args)
-        differ = [f"--{k.replace('_', '-')} {saved.get(k)} in the checkpoint, {v} now"
-                  for k, v in now.items() if k not in RESUMABLE and saved.get(k) != v]
+        # A setting newer than the checkpoint (--lora-r, say) is missing from its args: that run had its default.
+        saved = {f.name: f.default for f in dataclasses.fields(self.args)} | checkpoint["args"]
+        differ = [f"--{k.replace('_', '-')} {saved[k]} in the checkpoint, {v} now"
+                  for k, v in dataclasses.asdict(self.args).items() if k not in RESUMABLE and saved[k] != v]
         check(not differ, f"{where}: settings differ from the checkpoint's: " + "; ".join(differ))
         for name, obj in self.state.items():
             if is_lora(obj):  # only the trained tensors are in the checkpoint; the base is --model's, loaded again
@@ -1381,7 +1427,7 @@ class Run:
     def finish(self):
         """Last checkpoint and DIR/model, then the run's summary: base and final eval accuracy, sampled accuracy,
         time per step by phase."""
-        self.save(self.history[-1]["step"], final=True)
+        exported = self.save(self.history[-1]["step"], final=True)
         steps = [h for h in self.history if "step_time_s" in h]
         last = steps[-max(1, len(steps) // 10):]
         key = "sampled_accuracy" if "sampled_accuracy" in last[-1] else "accuracy"  # DAPO: over all it generated
@@ -1391,4 +1437,5 @@ class Run:
         phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
                            for k in steps[0] if k.startswith("time_"))
         print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
-              f"total {sum(h['step_time_s'] for h in steps):.0f} s; checkpoint, metrics and model/ in {self.out}")
+              f"total {sum(h['step_time_s'] for h in steps):.0f} s; "
+              f"{listed(['checkpoint', 'metrics', *(f'{folder.name}/' for folder in exported)])} in {self.out}")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINIER, run
+from conftest import TINIER, moe_configs, run
 from safetensors import safe_open
 
 import common
@@ -30,13 +30,13 @@ def test_a_toy_run_exports_its_final_policy(script, tmp_path):
     assert json.loads((tmp_path / "model" / "vocab.json").read_text()) == common.TOY_VOCAB
 
 
-def train_hf(source, data, tmp_path):
+def train_hf(source, data, tmp_path, *extra):
     """A 2-step grpo.py run on `source`, rewarded by completion length so that every group has advantages."""
     (tmp_path / "length.py").write_text(LENGTH_REWARD)
     out = tmp_path / "run"
     grpo.main(["--model", str(source), "--data", str(data), "--reward", f"{tmp_path / 'length.py'}:length",
                "--max-new-tokens", "6", "--eval-size", "5", "--steps", "2", "--prompts-per-step", "2",
-               "--group-size", "3", "--minibatches", "2", "--lr", "1e-3", "--out", str(out)])
+               "--group-size", "3", "--minibatches", "2", "--lr", "1e-3", "--out", str(out), *extra])
     return out
 
 
@@ -103,3 +103,40 @@ def test_a_bf16_checkpoint_is_exported_in_bf16(hf_bf16, jsonl, tmp_path):
     tokens = torch.tensor([[5, 9, 12, 20, 7, 30, 3, 11]])
     # 0.003 here; 0.02 is about one bf16 step (2^-6) at these log-probs near -ln(51 tokens) = -3.9.
     assert (logprobs(model, tokens) - logprobs(final, tokens)).abs().max() < 0.02
+
+
+@pytest.fixture
+def hf_deepseek_bf16(hf_dense, tmp_path):
+    """A tiny DeepSeek-V3 saved as its Hub checkpoints are: bf16, but the router's weight and e_score_correction_bias
+    in fp32 (its model class makes and keeps them so), the bias away from any bf16 value, as trained ones are."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    config = moe_configs()["deepseek_v3"]
+    config.vocab_size = 51                                                  # hf_dense's tokenizer
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    for router in common.routers(model):
+        router.e_score_correction_bias.copy_(torch.tensor([4.3738, 4.8763, 5.1250, 4.8833, 5.0101, 4.9, 5.2, 4.7]))
+    folder = tmp_path / "tiny-deepseek-v3-bf16"
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(hf_dense).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("lora", [[], ["--lora-r", "4", "--merge-lora"]])
+def test_a_tensor_the_model_keeps_in_fp32_is_exported_in_fp32(lora, hf_deepseek_bf16, jsonl, tmp_path):
+    if lora:
+        pytest.importorskip("peft")
+    out = train_hf(hf_deepseek_bf16, jsonl, tmp_path, *lora)
+    bias = "model.layers.0.mlp.gate.e_score_correction_bias"
+    assert {n: d for n, d in stored(hf_deepseek_bf16).items() if d == torch.float32} == {
+        f"model.layers.{i}.mlp.gate.{t}": torch.float32 for i in (0, 1) for t in ("weight", "e_score_correction_bias")}
+    assert stored(out / "model") == stored(hf_deepseek_bf16)                # fp32 where the source is, bf16 elsewhere
+    with safe_open(hf_deepseek_bf16 / "model.safetensors", "pt") as f:
+        source = f.get_tensor(bias)
+    with safe_open(out / "model" / "model.safetensors", "pt") as f:
+        exported = f.get_tensor(bias)
+    assert torch.equal(exported, source) and not torch.equal(source.bfloat16().float(), source)   # bf16: 4.375...
+    if not lora:  # the router trained in fp32 and is written as it trained, not rounded to bf16
+        trained = torch.load(out / "checkpoint.pt", weights_only=True)["policy"]["model.layers.0.mlp.gate.weight"]
+        with safe_open(out / "model" / "model.safetensors", "pt") as f:
+            assert torch.equal(f.get_tensor("model.layers.0.mlp.gate.weight"), trained)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import read_metrics, run
+from conftest import TINIER, read_metrics, run
 
 import common
 import dapo
@@ -191,6 +191,7 @@ def test_lora_without_peft_stops_with_one_line(hf_dense, jsonl, tmp_path, monkey
 @pytest.mark.parametrize("argv, message", [
     (["--lora-r", "4"], "--lora-r needs --model"),
     (["--merge-lora"], "--merge-lora needs --lora-r"),
+    (["--lora-alpha", "16"], "--lora-alpha needs --lora-r"),
     (["--lora-r", "-1"], "--lora-r must be 0 (off) or positive"),
 ])
 def test_lora_settings_that_cannot_work_stop_with_one_line(argv, message, capsys):
@@ -232,7 +233,53 @@ def test_ctrl_c_exports_the_adapters(hf_dense, jsonl, tmp_path, monkeypatch, cap
         return real_generate(*args, **kw)
 
     monkeypatch.setattr(common, "generate", generate_then_ctrl_c)
-    code, err = run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--out", str(tmp_path / "run")), capsys)
-    assert code == 130 and f"SIGINT: saved step 1 to {tmp_path / 'run' / 'checkpoint.pt'} and " \
-                           f"{tmp_path / 'run' / 'adapter'}; continue" in err
-    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+    code, err = run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--merge-lora", "--out", str(tmp_path / "run")), capsys)
+    out = tmp_path / "run"
+    assert code == 130 and f"SIGINT: saved step 1 to {out / 'checkpoint.pt'}, {out / 'adapter'} and {out / 'model'}; " \
+                           f"continue" in err
+    assert (out / "adapter" / "adapter_model.safetensors").is_file() and (out / "model" / "model.safetensors").is_file()
+
+
+@needs_peft
+def test_merge_lora_merges_into_a_base_loaded_again_on_the_cpu_not_into_a_copy_of_the_policy(hf_dense, jsonl,
+                                                                                              tmp_path, monkeypatch):
+    """A copy of the policy would be a second model on its GPU: the export loads --model on the CPU instead."""
+    import copy
+    runs, loads, copied = capture_runs(monkeypatch), [], []
+    load_hf, deepcopy = common.load_hf, copy.deepcopy
+    monkeypatch.setattr(common, "load_hf", lambda name, device, *a: loads.append((device.type, *a)) or
+                        load_hf(name, device, *a))
+    monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copied.append(x) or deepcopy(x, *a))
+    assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--merge-lora", "--out", str(tmp_path / "run")))[0] == 0
+    policy = runs[0].policy
+    assert loads == [("cpu", torch.float32), ("cpu", "auto")]          # the policy's base, then the export's
+    assert not any(x is policy or x is policy.base_model for x in copied)
+    assert common.is_lora(policy) and any(".lora_B." in n for n, _ in policy.named_parameters())   # not merged
+    from transformers import AutoModelForCausalLM
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert (logprobs(merged, TOKENS) - logprobs(policy, TOKENS)).abs().max() < 1e-5
+    assert not torch.allclose(logprobs(merged, TOKENS), logprobs(base_model(hf_dense), TOKENS))
+
+
+@needs_peft
+def test_resuming_without_merge_lora_removes_the_merged_model_it_would_leave_stale(hf_dense, jsonl, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--merge-lora", "--steps", "1", "--out", str(out)))[0] == 0
+    assert f"checkpoint, metrics, adapter/ and model/ in {out}" in capsys.readouterr().out
+    assert (out / "model").is_dir()
+    assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--resume", str(out)))[0] == 0   # to step 2, no merge
+    assert sorted(f.name for f in out.iterdir()) == ["adapter", "checkpoint.pt", "metrics.jsonl"]
+    assert f"checkpoint, metrics and adapter/ in {out}" in capsys.readouterr().out
+
+
+def test_a_checkpoint_from_before_the_lora_settings_resumes_with_them_at_their_defaults(tmp_path, capsys):
+    """A missing setting in an old checkpoint's arguments is its default, not a difference."""
+    assert run(grpo, TINIER + ["--steps", "1", "--out", str(tmp_path)])[0] == 0
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for name in ("lora_r", "lora_alpha", "merge_lora", "clip_eps"):
+        del checkpoint["args"][name]
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    code, err = run(grpo, TINIER + ["--resume", str(tmp_path), "--clip-eps", "0.3"], capsys)
+    assert code == 2 and "settings differ from the checkpoint's: --clip-eps 0.2 in the checkpoint, 0.3 now" in err
+    assert run(grpo, TINIER + ["--resume", str(tmp_path)])[0] == 0
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
