@@ -1,21 +1,28 @@
 """Memory: what fits where, with no download. Qwen3 models of real width and vocabulary, built from their
-configs with random weights, on the README's example step; the log-prob path's promise; grpo.py against TRL.
+configs with random weights, on the README's example step, for grpo.py, dapo.py and ppo.py; the log-prob path's
+promise; grpo.py against TRL.
 
-    python benchmarks/memory.py                         # all parts: about 2 h on 2 busy CPU cores, 18 GB of RAM
-    python benchmarks/memory.py --only logprobs,trl     # parts: table, logprobs, trl
+    python benchmarks/memory.py                         # measures what is missing, writes results/memory.md
+    python benchmarks/memory.py --only table            # measure only these parts: table, logprobs, trl
+    python benchmarks/memory.py --report                # measure nothing: memory.md from the points kept
     python benchmarks/memory.py --device cuda --out benchmarks/results/memory-cuda.md
 
-Each finished measurement is kept in benchmarks/runs/memory/ and reused; --rerun measures again.
+Every measurement is a point kept in benchmarks/results/memory-points/ (small JSON files, committed): the whole
+study takes hours on 2 CPU cores (memory.md gives each point's time), so it is split over sessions, and a run
+measures only the points missing there, in order of importance (Qwen3-0.6B first, the MoE last); --rerun measures
+them again. The MoE's 2-layer points need about 16 GB of RAM (estimated from their parts).
 
 1. table: one step of `python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512
    --prompts-per-step 8 --group-size 8` (4 minibatches): 64 completions of 512 tokens after prompts of
    150 tokens (an assumption), 16 completions per minibatch. Parts: (a) fp32 weights, grads and AdamW
    moments; (b) the old-log-prob pass (no gradient); (c) one minibatch's forward and backward, with and
-   without --gradient-checkpointing. On CPU each model is built with 1-3 layers (the MoE also with fewer
+   without --gradient-checkpointing. On CPU each model is built with 1 and 2 layers (the MoE also with fewer
    experts), each in a fresh process, under bf16 autocast as on CUDA, and extrapolated linearly to full
-   depth; peaks are the kernel's resettable high-water mark (VmHWM after writing 5 to
-   /proc/self/clear_refs), with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set.
-   --device cuda measures each model at full depth with torch.cuda.max_memory_allocated, generation too.
+   depth; Qwen3-0.6B also with 3 and 4 layers, to check the extrapolation, and ppo.py's critic on it. Peaks are
+   the kernel's resettable high-water mark (VmHWM after writing 5 to /proc/self/clear_refs), with
+   MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set. dapo.py's and ppo.py's peaks are
+   computed from the same parts (script_peaks). --device cuda measures each model at full depth with
+   torch.cuda.max_memory_allocated, generation too.
 2. logprobs: forward + backward of common.logprobs, 16 completions x 512 tokens, on a tiny Qwen3 with the
    151,936-token vocabulary, against the former full-logits path (measured at 2 and 4 completions).
 3. trl: whole-process peak resident memory of grpo.py and of TRL's GRPOTrainer (on CPU, fp32, whatever
@@ -25,7 +32,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,10 +41,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = ROOT / "benchmarks" / "runs" / "memory"
-REUSED = []                                   # measurements taken from RUNS, not run again
+POINTS_DIR = ROOT / "benchmarks" / "results" / "memory-points"
+USED = []                                     # the points this run writes memory.md from
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
+import ppo  # noqa: E402
 
 GiB = 2**30
 PROMPT, COMPLETION, COMPLETIONS, MINIBATCHES = 150, 512, 64, 4      # the README's example step
@@ -56,14 +63,20 @@ MODELS = {
                           num_attention_heads=32, num_key_value_heads=4, num_experts=128, num_experts_per_tok=8,
                           norm_topk_prob=True, tie_word_embeddings=False),
 }
-# (layers, experts) built on CPU. 128 experts do not fit in 24 GB even in one layer, so the MoE is built with
-# 8 and 16 (top-8 of 8 sends every token to every expert: the same activations as top-8 of 128), 1 and 2 layers
-# each, and extrapolated in both.
-POINTS = {"Qwen3-0.6B": [(1, None), (2, None), (3, None)], "Qwen3-1.7B": [(1, None), (2, None)],
+# (layers, experts) built on CPU, in the order they are measured. Every model rests on its 1- and 2-layer points;
+# Qwen3-0.6B's 3 and 4 layers check that line. 128 experts do not fit in 24 GB even in one layer, so the MoE is
+# built with 8 and 16 (top-8 of 8 sends every token to every expert: the same activations as top-8 of 128), 1 and 2
+# layers each, and extrapolated in both.
+POINTS = {"Qwen3-0.6B": [(1, None), (2, None), (3, None), (4, None)], "Qwen3-1.7B": [(1, None), (2, None)],
           "Qwen3-4B": [(1, None), (2, None)], "Qwen3-30B-A3B": [(1, 8), (2, 8), (1, 16), (2, 16)]}
-WHOLE_PASS_CHECKED = "Qwen3-0.6B"     # where (b) is also measured over all 4 chunks (the cheapest model)
+CHECKED = "Qwen3-0.6B"     # the cheapest model: the extrapolation's check, (b) over all 4 chunks, ppo.py's critic
 PARTS = ["a", "b", "c", "c_copies", "c_ckpt"]
-CARDS, CUDA_CONTEXT = (24, 40, 80), 0.5 * GiB
+# Cards as marketed, in decimal gigabytes, and the GiB that every figure here is in: 80 GB is 74.51 GiB.
+CARDS, CUDA_CONTEXT = {"24 GB": 24e9 / GiB, "40 GB": 40e9 / GiB, "80 GB": 80e9 / GiB}, 0.5
+# dapo.py holds the token ids of up to --max-generation-rounds (5) rounds of 64 completions at once (the rounds'
+# kept groups, then their concatenation): tokens and attention mask (int64), the loss mask and the sampling entropy
+# (fp32) and `finished` (bool), per completion.
+DAPO_KEPT = 5 * COMPLETIONS * ((PROMPT + COMPLETION) * 16 + COMPLETION * 8 + 1) / GiB
 WORLD = common.World(train=[], eval=[], decode=None, reward=None, eos_ids=(EOS,), pad_id=PAD,
                      max_new_tokens=COMPLETION)
 
@@ -129,6 +142,12 @@ def update(model, batch, kept):
     ((logp * torch.rand_like(logp)).sum() / batch.mask.sum()).backward()
 
 
+def critic_update(critic, batch):
+    """ppo.py's critic step on one minibatch: its values, the clipped value loss, backward."""
+    values = ppo.values(critic, batch)
+    ppo.value_loss(values, torch.zeros_like(values), torch.rand_like(values), batch.mask).backward()
+
+
 def measure(name, layers, experts, device):
     """Parts (a), (b), (c) of one step, in bytes, on the model `name` cut to `layers` layers (and `experts`)."""
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM  # noqa: F401 (imported
@@ -152,6 +171,7 @@ def measure(name, layers, experts, device):
         cache = model(input_ids=torch.ones(1, 2, dtype=torch.long, device=device), use_cache=True).past_key_values
     out["kv_bytes"] = cache.layers[0].keys.element_size() + cache.layers[0].values.element_size()
     rollout = random_rollout(COMPLETIONS, device)
+    minibatch = rollout[:COMPLETIONS // MINIBATCHES]
     if device == "cuda":                 # generation: 8 prompts x 8 completions of 512 tokens (random weights
         prompts = list(rollout.tokens[::8, :PROMPT])                    # almost never sample EOS)
         out["gen"] = peak_extra(device, lambda: common.generate(model, WORLD, prompts, 8, 1.0))
@@ -159,7 +179,7 @@ def measure(name, layers, experts, device):
     # peak at a quarter of the time (checked against the whole pass on the cheapest model).
     rows, chunks = (COMPLETIONS, MINIBATCHES) if device == "cuda" else (COMPLETIONS // MINIBATCHES, 1)
     out["b"] = peak_extra(device, lambda: common.fixed_logprobs(model, WORLD, rollout[:rows], 1.0, chunks))
-    if device == "cpu" and name == WHOLE_PASS_CHECKED:
+    if device == "cpu" and name == CHECKED:
         out["b_whole"] = peak_extra(device, lambda: common.fixed_logprobs(model, WORLD, rollout, 1.0, MINIBATCHES))
     for part, checkpointing in (("c", False), ("c_ckpt", True)):
         # The gradients stay allocated (zeroed in place), so (a) + (c) bounds grpo.py's loop, which frees
@@ -168,158 +188,332 @@ def measure(name, layers, experts, device):
             p.grad.zero_()
         common.training_mode(model, checkpointing)
         kept = {}
-        out[part] = peak_extra(device, lambda: update(model, rollout[:COMPLETIONS // MINIBATCHES], kept))
+        out[part] = peak_extra(device, lambda: update(model, minibatch, kept))
         out[part + "_copies"] = sum(kept.values())
+    if name == CHECKED:
+        # ppo.py's critic, as ppo.make_critic builds it from this policy (checkpointing on since (c_ckpt), and
+        # kept by the copy, as in ppo.py): its value pass and its update, which table() takes to be bounded by
+        # the policy's (b) and (c) (the same trunk, a scalar head instead of the vocabulary's). Checked here.
+        critic = ppo.make_critic(model)
+        out["critic_params"] = n_params(critic)
+        for p in critic.parameters():
+            p.grad = torch.zeros_like(p)
+        with torch.no_grad():
+            out["b_critic"] = peak_extra(device, lambda: ppo.values(critic, minibatch))
+        out["critic_checkpointing"] = critic.is_activation_checkpointing
+        for part in ("c_critic_ckpt", "c_critic"):
+            for p in critic.parameters():
+                p.grad.zero_()
+            out[part] = peak_extra(device, lambda: critic_update(critic, minibatch))
+            critic.activation_checkpointing_disable()
     return out
 
 
-def extrapolate(points, depth, experts=None):
-    """The value at full depth from measurements [(layers, experts, value)]: a least-squares line in the layer
-    count; for an MoE built with two expert counts, one line for each, extrapolated linearly to `experts`."""
-    lines = {}
-    for layers, e, value in points:
-        lines.setdefault(e, []).append((layers, value))
-    at = {}
-    for e, line in lines.items():
-        mean_l, mean_v = (sum(x) / len(line) for x in zip(*line))
-        spread = sum((layers - mean_l) ** 2 for layers, _ in line)
-        slope = sum((layers - mean_l) * (value - mean_v) for layers, value in line) / spread if spread else 0.0
-        at[e] = mean_v + slope * (depth - mean_l)
+def point(key, take, measure_missing, rerun):
+    """One measurement: kept in benchmarks/results/memory-points/KEY.json, which are committed, so that a study
+    of hours can be split over sessions. Taken (take() -> a dict) when missing there or with --rerun, if
+    `measure_missing`; else None when missing. A failed measurement is returned, not kept."""
+    path = POINTS_DIR / f"{key}.json"
+    if path.exists() and not (rerun and measure_missing):
+        USED.append(json.loads(path.read_text()))
+        return USED[-1]
+    if not measure_missing:
+        return None
+    start = time.perf_counter()
+    result = take()
+    if "error" in result:
+        return result
+    import transformers
+    result |= {"seconds": round(time.perf_counter() - start), "machine": machine(result.get("device", "cpu")),
+               "torch": torch.__version__, "transformers": transformers.__version__}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"  {key}: {result['seconds']} s", flush=True)
+    USED.append(result)
+    return result
+
+
+def run_child(spec):
+    """One measurement in a fresh process, malloc returning freed blocks to the system; its result dict."""
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def model_point(name, layers, experts, device, measure_missing=True, rerun=False):
+    key = f"{name}-{layers}-layers" + (f"-{experts}-experts" if experts else "") + ("" if device == "cpu" else
+                                                                                  f"-{device}")
+    return point(key, lambda: run_child({"measure": [name, layers, experts, device]}) | {"device": device},
+                 measure_missing, rerun)
+
+
+def machine(device):
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).total_memory / GiB:.0f} GiB"
+    cpu = next(s.split(":", 1)[1].strip() for s in Path("/proc/cpuinfo").read_text().splitlines()
+               if s.startswith("model name"))
+    ram = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20           # MemTotal, in kB
+    return f"{os.cpu_count()} CPU cores ({cpu}), {ram:.0f} GiB RAM"
+
+
+# ---------------------------------------------------------------------------------------------------
+# From the points to the tables. Every figure from here on is in GiB.
+
+def line_through(one, two, layers):
+    """A part at `layers` layers from its measurements at 1 and 2 layers: one layer's measurement +
+    (layers - 1) x the per-layer slope (two - one)."""
+    return one + (layers - 1) * (two - one)
+
+
+def estimate(points, key, layers, experts=None):
+    """`key` of a model at `layers` layers (and `experts` experts), from its points {(layers, experts): point}: the
+    line through 1 and 2 layers; for the MoE, one line for each expert count built (8, 16), then the line through
+    those two counts, to `experts`. A point measured at full depth (--device cuda) is returned as it is."""
+    if (layers, experts) in points:
+        return points[layers, experts][key]
+    at = {e: line_through(points[1, e][key], points[2, e][key], layers) for l, e in points if l == 1}
     if len(at) == 1:
         return at.popitem()[1]
     (e0, v0), (e1, v1) = sorted(at.items())
     return v0 + (experts - e0) * (v1 - v0) / (e1 - e0)
 
 
-def fits(total):
-    """Per card: yes with 10% to spare for the allocator's fragmentation, tight within the card, else no."""
-    need = total + CUDA_CONTEXT
-    return ", ".join(f"{gb} GB: {'yes' if need <= 0.9 * gb * GiB else 'tight' if need <= gb * GiB else 'no'}"
-                     for gb in CARDS)
+def fits(peak):
+    """Per card, for a peak in GiB: yes when it and the CUDA context fit in 90% of the card (the rest for the
+    allocator's fragmentation), tight when they fit in the card, else no."""
+    need = peak + CUDA_CONTEXT
+    return ", ".join(f"{card}: {'yes' if need <= 0.9 * size else 'tight' if need <= size else 'no'}"
+                     for card, size in CARDS.items())
 
 
-def run_child(spec, rerun):
-    """One measurement in a fresh process, malloc returning freed blocks to the system; its result dict. The
-    table's take hours on CPU: a finished one is kept in benchmarks/runs/memory/ and not run again unless --rerun."""
-    path = RUNS / (re.sub(r"[^A-Za-z0-9.]+", "-", json.dumps(spec)).strip("-") + ".json")
-    if path.exists() and not rerun:
-        REUSED.append(json.loads(path.read_text()))
-        return REUSED[-1]
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], cwd=ROOT, capture_output=True,
-                          text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    result = json.loads(done.stdout.splitlines()[-1]) | {"seconds": time.perf_counter() - start}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result) + "\n")
-    return result
+def script_peaks(a, gen, b, c, params, critic_params, routing=0.0):
+    """The peak of one step of each script, from the policy's parts (c: its update, with or without checkpointing):
+    what stays allocated through the whole step + the largest of the phases, which run one after another and free
+    what they allocate. `routing`: what an MoE's recorded experts add to the update (the same in every script)."""
+    phase = max(gen, b, c)
+    held = a + routing
+    reference = 4 * params / GiB                          # a frozen fp32 copy: weights, no gradients or moments
+    return {"grpo.py": held + phase,                      # its default --beta 0 builds no reference
+            "dapo.py": held + DAPO_KEPT + phase,          # the same passes on the same shapes, no reference
+            "grpo.py --beta 0.04": held + reference + phase,   # + its reference's log-prob pass: (b) again
+            # + the critic: the policy's bytes per parameter (weights, gradients, AdamW); its value pass and its
+            # update are the policy's trunk with a scalar head, so no larger than (b) and (c) (checked below)
+            "ppo.py": held + a * critic_params / params + reference + phase}
 
 
-def table(device, rerun):
+def table(device, measure_missing, rerun):
+    """The parts table, the scripts' peaks, the measured points and the check, as markdown lines."""
     from transformers import AutoModelForCausalLM
-    gb = lambda x: f"{x / GiB:.2f}"
-    lines = ["| model | parameters | (a) weights + grads + AdamW | generation: bf16 weight copies + KV cache | "
-             "(b) old log-probs | (c) update | (c) with checkpointing | peak | fits | peak, checkpointing | "
-             "fits, checkpointing |", "|" + " --- |" * 11]
+    g = lambda x: f"{x:.2f}"
+    parts = ["| model | parameters | measured at → extrapolated to | (a) weights + grads + AdamW | generation: bf16 "
+             "weight copies + KV cache | (b) old log-probs | (c) update | (c) with checkpointing |",
+             "|" + " --- |" * 8]
+    peaks = ["| model | script | held through the step | peak | fits | peak, checkpointing | fits, checkpointing |",
+             "|" + " --- |" * 7]
     raw = ["| model | layers | experts | parameters | (a) | (a) / parameter | (b) | (c) | bf16 copies kept | "
-           "(c) with checkpointing |", "|" + " --- |" * 10]
+           "(c) with checkpointing | seconds |", "|" + " --- |" * 11]
+    check = []
     for name, shape in MODELS.items():
-        with torch.device("meta"):                    # the full model's size, nothing allocated
-            params = n_params(AutoModelForCausalLM.from_config(config(name)))
+        with torch.device("meta"):                    # the full model's size and its critic's, nothing allocated
+            model = AutoModelForCausalLM.from_config(config(name))
+            params, critic_params = n_params(model), n_params(ppo.make_critic(model))
         depth, experts = shape["num_hidden_layers"], shape.get("num_experts")
-        points = [(depth, experts)] if device == "cuda" else POINTS[name]
+        todo = [(depth, experts)] if device == "cuda" else POINTS[name]
         if device == "cuda" and 16 * params > torch.cuda.get_device_properties(0).total_memory:
-            lines.append(f"| {name} | {params / 1e9:.2f} B | {gb(16 * params)} (16 B/param): more than this card |"
-                         + " |" * 8)
+            parts.append(f"| {name} | {params / 1e9:.2f} B | {g(16 * params / GiB)} (16 B/param): more than this "
+                         "card |" + " |" * 5)
             continue
-        results = []
-        for layers, e in points:
-            results.append(run_child({"measure": [name, layers, e, device]}, rerun))
-            print(f"  {name}, {layers} layers, {e} experts: {results[-1]}", flush=True)
-        if any("error" in r for r in results):
-            lines.append(f"| {name} | {params / 1e9:.2f} B | failed: {results[-1].get('error')} |" + " |" * 8)
+        got = {(l, e): model_point(name, l, e, device, measure_missing, rerun) for l, e in todo}
+        # The row needs the points its line runs through; the check (3 and 4 layers) only the check.
+        missing = [f"{l} layer{'s' * (l > 1)}" + (f", {e} experts" if e else "") for (l, e), r in got.items()
+                   if not r and (l <= 2 or device == "cuda")]
+        failed = [r["error"] for r in got.values() if r and "error" in r]
+        if missing or failed:
+            why = f"failed: {failed[0]}" if failed else "not measured yet: " + "; ".join(missing)
+            parts.append(f"| {name} | {params / 1e9:.2f} B | {why} |" + " |" * 5)
+            peaks.append(f"| {name} | all | {why} |" + " |" * 4)
             continue
-        for (layers, e), r in zip(points, results):
-            whole = f" (whole pass: {gb(r['b_whole'])})" if "b_whole" in r else ""
-            raw.append(f"| {name} | {layers} | {e or '—'} | {r['params'] / 1e6:.0f} M | {gb(r['a'])} | "
-                       f"{r['a'] / r['params']:.2f} B | {gb(r['b'])}{whole} | {gb(r['c'])} | {gb(r['c_copies'])} | "
-                       f"{gb(r['c_ckpt'])} |")
-        at = {part: lambda n, part=part: extrapolate([(l, e, r[part]) for (l, e), r in zip(points, results)], n,
-                                                     experts) for part in PARTS}
-        est = {part: at[part](depth) for part in PARTS}
-        if device == "cpu":                           # the fitted cost of one layer (at the full expert count)
-            layer = {part: at[part](1) - at[part](0) for part in PARTS}
+        points = {k: {key: v / GiB if key in PARTS + ["b_whole"] else v for key, v in r.items()}
+                  for k, r in got.items() if r}
+        for (layers, e), r in points.items():
+            whole = f" (whole pass: {g(r['b_whole'])})" if "b_whole" in r else ""
+            raw.append(f"| {name} | {layers} | {e or '—'} | {r['params'] / 1e6:.0f} M | {g(r['a'])} | "
+                       f"{r['a'] * GiB / r['params']:.2f} B | {g(r['b'])}{whole} | {g(r['c'])} | {g(r['c_copies'])} "
+                       f"| {g(r['c_ckpt'])} | {r['seconds']} |")
+        est = {part: estimate(points, part, depth, experts) for part in PARTS}
+        if device == "cpu":
+            layer = {k: estimate(points, k, 2, experts) - estimate(points, k, 1, experts) for k in PARTS + ["params"]}
             tokens = COMPLETIONS // MINIBATCHES * (PROMPT + COMPLETION - 1)     # the trunk's positions per minibatch
-            per_token = lambda part: f" ({layer[part] / 2**10 / tokens:.1f} KiB/token)"
-            with torch.device("meta"):
-                layer_params = params - n_params(AutoModelForCausalLM.from_config(config(name, depth - 1)))
-            line = [(l, r["c"]) for (l, e), r in zip(points, results) if e == points[0][1]]
-            check = f" ({len(line)} points: (c) within {gb(max(abs(v - at['c'](l)) for l, v in line))} of the line)"
-            raw.append(f"| {name}, fit | per layer{check if len(line) > 2 else ''} | {experts or '—'} | "
-                       f"{layer_params / 1e6:.0f} M | {gb(layer['a'])} | {layer['a'] / layer_params:.2f} B | "
-                       f"{gb(layer['b'])} | {gb(layer['c'])}{per_token('c')} | {gb(layer['c_copies'])} | "
-                       f"{gb(layer['c_ckpt'])}{per_token('c_ckpt')} |")
+            per_token = lambda part: f" ({layer[part] * 2**20 / tokens:.1f} KiB/token)"
+            raw.append(f"| {name}, slope | per layer | {experts or '—'} | {layer['params'] / 1e6:.0f} M | "
+                       f"{g(layer['a'])} | {layer['a'] * GiB / layer['params']:.2f} B | {g(layer['b'])} | "
+                       f"{g(layer['c'])}{per_token('c')} | {g(layer['c_copies'])} | "
+                       f"{g(layer['c_ckpt'])}{per_token('c_ckpt')} | |")
         # Generation keeps autocast's bf16 copies of the weights it casts (one autocast context for the whole
         # generation, common.sampling_mode): those the update keeps for its backward, and the vocabulary head's;
-        # and the KV cache of 64 x 662 positions, in the dtypes measured above.
-        kv = COMPLETIONS * (PROMPT + COMPLETION) * depth * shape["num_key_value_heads"] * 128 * results[0]["kv_bytes"]
-        copies = est["c_copies"] + 2 * VOCAB * shape["hidden_size"]
-        gen = results[0]["gen"] if device == "cuda" else copies + kv
-        gen_text = gb(gen) if device == "cuda" else f"{gb(gen)} ({gb(copies)} + {gb(kv)})"
-        peak = {part: est["a"] + max(gen, est["b"], est[part]) for part in ("c", "c_ckpt")}
-        lines.append(f"| {name} | {params / 1e9:.2f} B | {gb(est['a'])} ({est['a'] / params:.1f} B/param) | "
-                     f"{gen_text} | {gb(est['b'])} | {gb(est['c'])} | {gb(est['c_ckpt'])} | {gb(peak['c'])} | "
-                     f"{fits(peak['c'])} | {gb(peak['c_ckpt'])} | {fits(peak['c_ckpt'])} |")
-        print(lines[-1], flush=True)
-    return lines, raw
+        # and the KV cache of 64 x 662 positions, in the dtypes measured.
+        first = next(iter(points.values()))
+        kv = COMPLETIONS * (PROMPT + COMPLETION) * depth * shape["num_key_value_heads"] * 128 * first["kv_bytes"] / GiB
+        copies = est["c_copies"] + 2 * VOCAB * shape["hidden_size"] / GiB
+        gen = first["gen"] / GiB if device == "cuda" else copies + kv
+        span = (f"{depth} layers, measured" if device == "cuda" else f"1, 2 → {depth} layers ({depth // 2}×)" +
+                (f"; 8, 16 → {experts} experts" if experts else ""))
+        parts.append(f"| {name} | {params / 1e9:.2f} B | {span} | {g(est['a'])} ({est['a'] * GiB / params:.1f} "
+                     f"B/param) | {g(gen) if device == 'cuda' else f'{g(gen)} ({g(copies)} + {g(kv)})'} | "
+                     f"{g(est['b'])} | {g(est['c'])} | {g(est['c_ckpt'])} |")
+        # An MoE's experts, int64 [layers, rows, positions, k]: the old-log-prob pass's, kept through the update, and
+        # during it each minibatch's twice (the rows taken out for replay, and the update's own).
+        routing = (depth * (COMPLETIONS + 2 * COMPLETIONS // MINIBATCHES) * (PROMPT + COMPLETION - 1) *
+                   shape["num_experts_per_tok"] * 8 / GiB if experts else 0.0)
+        plain, ckpt = (script_peaks(est["a"], gen, est["b"], est[c], params, critic_params, routing)
+                       for c in ("c", "c_ckpt"))
+        for script in plain:
+            held = plain[script] - max(gen, est["b"], est["c"])
+            peaks.append(f"| {name} | {script} | {g(held)} | {g(plain[script])} | {fits(plain[script])} | "
+                         f"{g(ckpt[script])} | {fits(ckpt[script])} |")
+        print(parts[-1], flush=True)
+        if device == "cpu" and name == CHECKED:
+            check = (check_lines(points, depth, params, critic_params, copies - est["c_copies"], kv)
+                     if len(points) == len(todo) else ["Not measured yet: `python benchmarks/memory.py --only table`."])
+    return parts, peaks, raw, check
+
+
+def check_lines(points, depth, params, critic_params, head_copies, kv):
+    """The extrapolation's check on CHECKED: its 3- and 4-layer points against the line through 1 and 2 layers, and
+    the full-depth figures from the line through 1 and 4 layers instead; ppo.py's critic against the policy."""
+    g = lambda x: f"{x:.2f}"
+    at = lambda part, layers: line_through(points[1, None][part], points[2, None][part], layers)
+    wide = lambda part: points[1, None][part] + (depth - 1) * (points[4, None][part] - points[1, None][part]) / 3
+    lines = ["| part | 3 layers: measured | 3 layers: from 1-2 | 4 layers: measured | 4 layers: from 1-2 | "
+             f"error at 4 layers (from 1-2 − measured) | {depth} layers: from 1-2 | {depth} layers: from 1 and 4 |",
+             "|" + " --- |" * 8]
+    errors = {}
+    for part in PARTS:
+        m3, m4 = points[3, None][part], points[4, None][part]
+        errors[part] = at(part, 4) - m4
+        lines.append(f"| {part} | {g(m3)} | {g(at(part, 3))} | {g(m4)} | {g(at(part, 4))} | "
+                     f"{errors[part] * 1024:+.2f} MiB ({errors[part] / m4:+.2%}) | {g(at(part, depth))} | "
+                     f"{g(wide(part))} |")
+    peak = {}
+    for name, part in (("narrow", at), ("wide", lambda p, _: wide(p))):
+        gen = part("c_copies", depth) + head_copies + kv
+        peak[name] = {c: script_peaks(part("a", depth), gen, part("b", depth), part(c, depth), params, critic_params)
+                      for c in ("c", "c_ckpt")}
+    moved = [(f"{s}{', checkpointing' if c == 'c_ckpt' else ''}", peak["wide"][c][s] - peak["narrow"][c][s],
+              peak["narrow"][c][s]) for c in ("c", "c_ckpt") for s in peak["narrow"][c]]
+    worst = max(errors, key=lambda p: abs(errors[p]) / points[4, None][p])
+    big = max(moved, key=lambda m: abs(m[1]) / m[2])
+    lines += ["", f"At 4 layers the line through 1 and 2 layers misses the measured parts by at most "
+              f"{abs(errors[worst]) * 1024:.2f} MiB ({abs(errors[worst]) / points[4, None][worst]:.2%}, part {worst}). "
+              f"Drawn through 1 and 4 layers instead, it changes the scripts' {depth}-layer peaks by at most "
+              f"{abs(big[1]) * 1024:.0f} MiB ({big[1] / big[2]:+.2%}, {big[0]}): the extrapolation's error bound from "
+              f"this one check, on CPU (what a GPU changes: \"How far the CPU estimate can be off\"). One model, "
+              f"checked at 4 of its {depth} layers: the other models' lines rest on their 1- and 2-layer points alone.",
+              "",
+              "ppo.py's critic (ppo.make_critic on the same model: the scalar head; it kept the policy's "
+              "checkpointing: " + ("yes" if all(r["critic_checkpointing"] for r in points.values()) else "**no**") +
+              "), against the policy's passes the peaks use:", "",
+              "| layers | critic value pass | (b) | critic update | (c) | critic update, checkpointing | "
+              "(c) with checkpointing |", "|" + " --- |" * 7]
+    below = True
+    for (layers, _), r in points.items():
+        r = {k: v / GiB if k.endswith("critic") or k.endswith("critic_ckpt") else v for k, v in r.items()}
+        below &= r["b_critic"] <= r["b"] and r["c_critic"] <= r["c"] and r["c_critic_ckpt"] <= r["c_ckpt"]
+        lines.append(f"| {layers} | {g(r['b_critic'])} | {g(r['b'])} | {g(r['c_critic'])} | {g(r['c'])} | "
+                     f"{g(r['c_critic_ckpt'])} | {g(r['c_ckpt'])} |")
+    lines += ["", "The critic's passes stay within the policy's at every point: " + ("yes." if below else
+              "**no**: ppo.py's peaks below undercount.")]
+    return lines
 
 
 NOTES = """\
-All figures in GiB. Peak = (a) + the largest of generation, (b) and (c): the phases of a step run one after another and
-free what they allocate, while the weights, gradients and AdamW moments stay allocated throughout (grpo.py sets the
-gradients to None only at the next backward). (c) was measured with the gradients already allocated, so it bounds
-grpo.py's loop from above. Fits: peak + 0.5 GiB of CUDA context within 90% of the card (the rest for the allocator's
-fragmentation): yes; within the card: tight.
+All figures in GiB (2^30 bytes). **Nothing here ran on a GPU; the CUDA figures were not measured** (`--device cuda`
+measures them). Every model was built from its config with random weights, its passes run under
+`torch.autocast("cpu", dtype=torch.bfloat16)` (this benchmark replaces `common.autocast`, fp32 on CPU, to copy the
+CUDA setting). Sequences: prompts of 150 tokens (assumed) + 512 completion tokens, every completion at the limit, no
+padding.
 
-How these figures were made: **nothing here ran on a GPU; the CUDA figures were not measured** (`--device cuda`
-measures them). Every model was built from its config with random weights and the layers (and experts) of the table
-below, its passes run under `torch.autocast("cpu", dtype=torch.bfloat16)` (this benchmark replaces `common.autocast`,
-fp32 on CPU, to copy the CUDA setting), and each part was extrapolated linearly to full depth (the MoE also from 8 and
-16 experts to 128). Sequences: prompts of 150 tokens (assumed) + 512 completion tokens, every completion at the limit,
-no padding. (b) was measured on one of its 4 chunks, which run one after another (the whole pass, on Qwen3-0.6B, in
-brackets). Generation was not run on CPU (512 sampled tokens at these widths take hours); its column is an estimate:
-the bf16 weight copies autocast holds for the whole generation (one context, `common.sampling_mode`: those the update
-keeps for its backward, plus the vocabulary head's) and the KV cache of 64 x 662 positions, in the dtypes measured:
-keys in fp32, values in bf16 (Qwen3's q/k RMSNorm multiplies by an fp32 weight, so the keys leave autocast in fp32: 6
-bytes per key-value pair, not 4).
+**The extrapolation.** Each part was measured with 1 and 2 layers and taken to full depth L along the line through
+them: part(L) = part(1 layer) + (L − 1) × (part(2 layers) − part(1 layer)). Layer counts, from the models' configs:
+Qwen3-0.6B 28, Qwen3-1.7B 28, Qwen3-4B 36, Qwen3-30B-A3B 48. So every row rests on two measured points, 1 and 2
+layers, and is extrapolated 14× (0.6B, 1.7B), 18× (4B) and 24× (30B-A3B) past the 2-layer point. The MoE was also
+built with 8 and 16 experts instead of 128 (top-8 of 8 sends every token to every expert: the same activations as
+top-8 of 128): its line at each expert count, then the line through the two counts to 128, 8× past 16. Qwen3-0.6B
+was measured at 3 and 4 layers too, only to check the line ("The check", below).
 
-What the measurements show (the fit rows below):
+(b) was measured on one of its 4 chunks, which run one after another (the whole pass, on Qwen3-0.6B, in brackets in
+the points table). Generation was not run on CPU (512 sampled tokens at these widths take hours); its column is an
+estimate: the bf16 weight copies autocast holds for the whole generation (one context, `common.sampling_mode`: those
+the update keeps for its backward, plus the vocabulary head's) and the KV cache of 64 x 662 positions, in the dtypes
+measured: keys in fp32, values in bf16 (Qwen3's q/k RMSNorm multiplies by an fp32 weight, so the keys leave autocast
+in fp32: 6 bytes per key-value pair, not 4)."""
+
+SCRIPTS = """\
+The phases of a step run one after another and free what they allocate; the weights, gradients and AdamW moments stay
+allocated throughout (`common.optimizer_step` sets the gradients to None only at the next backward, so they are
+counted as held). (c) was measured with the gradients already allocated, so it bounds the update from above. Each
+script's peak is what it holds through the step + its largest phase; only grpo.py's parts were measured, the others'
+peaks are computed from them:
+
+- grpo.py (its default `--beta 0`: no reference model): (a) + max(generation, (b), (c)).
+- dapo.py: the same + 0.004 GiB. With the same flags its generation rounds are grpo.py's (8 prompts x 8 completions
+  each), and the update sees the first 64 completions kept, padded to the longest prompt and completion (here all
+  alike), in minibatches of 16: the same shapes. No reference (no KL term). What it adds: the token ids, masks and
+  sampling entropies of up to `--max-generation-rounds` 5 rounds of 64 completions, held together while the rounds
+  run and concatenated (`dapo.cat_rollouts`; the surplus rows are a view of that block): 5 x 64 x (662 x 16 + 512 x 8
+  + 1) bytes.
+- grpo.py --beta 0.04 (the paper's value): + the frozen reference (`common.frozen_copy`: fp32 weights, no gradients
+  or moments), 4 B x parameters; its log-prob pass is (b) again, on the same architecture.
+- ppo.py (its docstring's command `--prompts-per-step 64`, one completion each, 4 minibatches of 16, 2 epochs: the
+  same shapes): + the critic, (a) x critic parameters / parameters (the policy's measured bytes per parameter, for
+  the critic's weights, gradients and AdamW moments; `ppo.make_critic` swaps the vocabulary head for a scalar one:
+  the tied models' embedding stays, so hidden + 1 more parameters; the untied MoE loses its head) + the reference,
+  4 B x parameters. Its phases: generation, the old log-probs (b), the reference's (b), the critic's value pass, the
+  policy's update (c), the critic's update. The critic's passes are the same trunk on the same tokens with a scalar
+  head instead of the vocabulary head, so they were taken to be no larger than (b) and (c): measured on Qwen3-0.6B
+  at 1-4 layers ("The check", below).
+- The MoE, in every script: the experts chosen at every position, int64 [48 layers, 64 rows, 661 positions, top 8],
+  kept from the old-log-prob pass to the end of the update, and during it each minibatch's twice more (its rows taken
+  out as `recorded`, with or without --routing-replay, and the update's own choice): 48 x 96 x 661 x 8 x 8 bytes =
+  0.18 GiB, counted as held.
+- The [64, 512] fp32 tensors a step also keeps (rewards, advantages, old and reference log-probs, values) are
+  0.125 MiB each, left out.
+
+Fits, per card: the peak + 0.5 GiB of CUDA context within 90% of the card (the rest for the allocator's
+fragmentation): yes; within the card: tight; else no. Cards by their marketed size read as decimal gigabytes, in
+GiB: 24 GB = 22.35, 40 GB = 37.25, 80 GB = 74.51 (a conversion of the marketed figure, not what a card's driver
+reports, which differs from card to card)."""
+
+FINDINGS = """\
+What the measurements show (the slope rows above):
 - Under bf16 autocast a layer still keeps much in fp32 for the backward: the RMSNorms, q/k norms and rotary embedding
   compute in fp32 in the model's own code and save fp32 tensors, and autocast's bf16 casts of their outputs are saved
-  besides (KiB per token and layer in the fit rows).
-- With checkpointing a layer keeps its fp32 input, 4 B x hidden size per token (4 KiB at 0.6B width).
+  besides (KiB per token and layer in the slope rows).
+- With checkpointing a layer keeps about its fp32 input, 4 B x hidden size per token: 4, 8 and 10 KiB at the widths
+  of 0.6B, 1.7B and 4B (compare the slope rows).
 - "bf16 copies kept": autograd keeps autocast's bf16 copy of every linear layer's weight for the backward (2 B per
   parameter) without checkpointing, none with it; the vocabulary head is recomputed chunk by chunk, so never. Under
-  no_grad autocast still caches them while its context is open: (b) grows by 2 B per parameter of each layer.
+  no_grad autocast still caches them while its context is open: (b) grows with the layers' parameters.
 - The MoE's experts run in fp32: transformers' grouped_mm path is not autocast-enabled and casts its input to the
-  weights' dtype, so their activations are fp32 and no bf16 copies are made of them. The number of experts hardly
-  changes (b) and (c): top-8 of 8 and of 16 differ only in the weights."""
+  weights' dtype, so their activations are fp32 and no bf16 copies are made of them (compare its (b) and (c) at 8
+  and 16 experts)."""
 
 CAVEATS = """\
 ## How far the CPU estimate can be off
 
-On CUDA the same Python code runs the same autocast rules, so the tensors kept for the backward are the same; what
-differs: (1) the caching allocator keeps freed blocks reserved and fragments: `nvidia-smi` shows more than
-`max_memory_allocated`, typically 5-20% (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces it); the 90% rule
-above stands for it. (2) The CUDA context and cuBLAS/cuDNN handles take about 0.5 GiB outside torch's counters, and
-kernels' workspaces (cuBLAS, SDPA) add tens to hundreds of MiB at moments. (3) SDPA: here CPU's flash kernel ran (no
-padding, so transformers passes no mask); CUDA picks flash or memory-efficient attention, also without the [B, heads,
-S, S] scores, but left-padded prompts of unequal length pass a mask, and a fall-back to the math kernel would
-materialise the scores (16 x heads x 661 x 661 per layer). (4) oneDNN and cuBLAS may save slightly different
-tensors for the backward (the MoE's experts take transformers' fp32 grouped_mm path on both, unless a hub kernel
-replaces it); the per-layer slopes above can be checked with a `--device cuda` run.
-(5) Generation was estimated, not measured: the KV cache grows by concatenation, one layer at a time, so the
+The extrapolation: "The check", below. On CUDA the same Python code runs the same autocast rules, so the tensors
+kept for the backward are the same; what differs: (1) the caching allocator keeps freed blocks reserved and
+fragments: `nvidia-smi` shows more than `max_memory_allocated`, typically 5-20%
+(`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces it); the 90% rule above stands for it. (2) The CUDA
+context and cuBLAS/cuDNN handles take about 0.5 GiB outside torch's counters, and kernels' workspaces (cuBLAS, SDPA)
+add tens to hundreds of MiB at moments. (3) SDPA: here CPU's flash kernel ran (no padding, so transformers passes no
+mask); CUDA picks flash or memory-efficient attention, also without the [B, heads, S, S] scores, but left-padded
+prompts of unequal length pass a mask, and a fall-back to the math kernel would materialise the scores (16 x heads x
+661 x 661 per layer). (4) oneDNN and cuBLAS may save slightly different tensors for the backward (the MoE's experts
+take transformers' fp32 grouped_mm path on both, unless a hub kernel replaces it); a `--device cuda` run measures
+them. (5) Generation was estimated, not measured: the KV cache grows by concatenation, one layer at a time, so the
 estimate misses at most one layer's cache, and the prefill over 64 x 150 tokens adds one layer's activations."""
 
 
@@ -356,11 +550,14 @@ def logprob_check(device):
     return out
 
 
-def logprob_lines(device, rerun):
-    r = run_child({"logprobs": device}, rerun)
+def logprob_lines(device, measure_missing, rerun):
+    r = point(f"logprobs{'' if device == 'cpu' else '-' + device}",
+              lambda: run_child({"logprobs": device}) | {"device": device}, measure_missing, rerun)
+    if r is None:
+        return ["Not measured yet: `python benchmarks/memory.py --only logprobs`."]
     if "error" in r:
         return [f"Not measured: {r['error']}"]
-    full_16 = extrapolate([(2, None, r["full_2"]), (4, None, r["full_4"])], 16)
+    full_16 = line_through(r["full_2"], r["full_4"], 8)                 # per 2 completions: 2 -> 4 -> 16
     return [f"Tiny Qwen3 (hidden 64, 2 layers, {r['params'] / 1e6:.1f} M parameters, vocabulary 151,936), one forward "
             f"+ backward of the log-prob path, {'fp32' if device == 'cpu' else 'bf16 autocast'} on {device}, "
             f"completions of 512 tokens after {PROMPT} prompt tokens; peak memory above the level before.", "",
@@ -378,6 +575,11 @@ def logprob_lines(device, rerun):
 # ---------------------------------------------------------------------------------------------------
 # grpo.py against TRL's GRPOTrainer: whole-process peak resident memory
 
+# run: (its point's key, its flags)
+TRL_RUNS = {"grpo.py": ("trl-grpo", []),
+            "grpo.py --gradient-checkpointing": ("trl-grpo-checkpointing", ["--gradient-checkpointing"]),
+            "TRL GRPOTrainer (its default, gradient_checkpointing=True)": ("trl-trainer", ["1"]),
+            "TRL GRPOTrainer, gradient_checkpointing=False": ("trl-trainer-no-checkpointing", ["0"])}
 def build_tiny_qwen3(folder):
     """A tiny Qwen3 (hidden 64, 2 layers) with the 151,936-token vocabulary and a word-level tokenizer whose
     vocabulary covers every id (t3 ... t151935; decode joins them with spaces), plus 16 prompts of 32 words."""
@@ -430,46 +632,62 @@ def max_rss(cmd, log, env):
     return usage.ru_maxrss * 1024                                          # Linux reports KiB
 
 
-def trl_lines(tmp):
-    try:
-        import trl
-    except ImportError:
-        return ["Skipped: trl is not installed (`pip install -r benchmarks/requirements.txt`)."]
+def trl_point(tmp, name):
+    """Peak resident memory of one run, as users run it and with MALLOC_MMAP_THRESHOLD_=65536, and the mean
+    completion length it reports."""
     folder = Path(tmp) / "qwen3-tiny"
-    build_tiny_qwen3(folder)
-    ours = [sys.executable, "grpo.py", "--model", str(folder), "--data", str(folder / "data.jsonl"), "--device",
-            "cpu", "--prompts-per-step", "1", "--group-size", "8", "--max-new-tokens", "256", "--minibatches", "1",
-            "--steps", "1", "--eval-size", "1"]
-    theirs = [sys.executable, __file__, "--trl-child", str(folder)]
-    runs = {"grpo.py": ours, "grpo.py --gradient-checkpointing": ours + ["--gradient-checkpointing"],
-            "TRL GRPOTrainer (its default, gradient_checkpointing=True)": theirs + ["1"],
-            "TRL GRPOTrainer, gradient_checkpointing=False": theirs + ["0"]}
+    if not folder.exists():
+        build_tiny_qwen3(folder)
+    key, flags = TRL_RUNS[name]
+    script = "grpo" if name.startswith("grpo.py") else "trl"
+    cmd = ([sys.executable, "grpo.py", "--model", str(folder), "--data", str(folder / "data.jsonl"), "--device", "cpu",
+            "--prompts-per-step", "1", "--group-size", "8", "--max-new-tokens", "256", "--minibatches", "1",
+            "--steps", "1", "--eval-size", "1"] if script == "grpo" else [sys.executable, __file__, "--trl-child",
+                                                                          str(folder)]) + flags
+    peaks = []
+    for env in ({}, {"MALLOC_MMAP_THRESHOLD_": "65536"}):
+        out, log = Path(tmp) / f"{key}-{len(peaks)}", Path(tmp) / f"{key}-{len(peaks)}.log"
+        peaks.append(max_rss(cmd + (["--out", str(out)] if script == "grpo" else []), log, env))
+    length = (json.loads((out / "metrics.jsonl").read_text().splitlines()[1])["response_len_mean"]
+              if script == "grpo" else json.loads(log.read_text().splitlines()[-1])["length"])
+    import trl
+    return {"peak": peaks[0], "peak_mmap": peaks[1], "length": length, "trl": trl.__version__}
+
+
+def trl_lines(tmp, measure_missing, rerun):
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        measure_missing = False                       # the points kept can still be shown
+    got = {name: point(key, lambda name=name: trl_point(tmp, name), measure_missing, rerun)
+           for name, (key, _) in TRL_RUNS.items()}
+    if not all(got.values()):
+        return ["Not measured yet: `pip install -r benchmarks/requirements.txt`, then "
+                "`python benchmarks/memory.py --only trl`."]
+    users, trainer = got["grpo.py"], got["TRL GRPOTrainer (its default, gradient_checkpointing=True)"]
     lines = [f"Tiny Qwen3 (hidden 64, 2 layers, vocabulary 151,936, random weights), 1 prompt of 32 tokens x 8 "
-             f"completions of at most 256 tokens, one optimizer step, beta 0, fp32 on CPU; TRL {trl.__version__}. "
-             "Each run is a process of its own; its peak resident set is what `/usr/bin/time -v` reports: as users "
-             "run it, and with MALLOC_MMAP_THRESHOLD_=65536, which makes malloc give every freed block of 64 KiB or "
-             "more back at once (glibc's default keeps some in its heap, so that figure shifts with the order of "
-             "allocations and from run to run).", "",
-             "| run | peak resident memory | with MALLOC_MMAP_THRESHOLD_=65536 | mean completion length |",
-             "| --- | --- | --- | --- |"]
-    for i, (name, cmd) in enumerate(runs.items()):
-        peaks = []
-        for env in ({}, {"MALLOC_MMAP_THRESHOLD_": "65536"}):
-            out, log = Path(tmp) / f"run{i}-{len(peaks)}", Path(tmp) / f"run{i}-{len(peaks)}.log"
-            peaks.append(max_rss(cmd + (["--out", str(out)] if cmd[1] == "grpo.py" else []), log, env))
-        length = (json.loads((out / "metrics.jsonl").read_text().splitlines()[1])["response_len_mean"]
-                  if cmd[1] == "grpo.py" else json.loads(log.read_text().splitlines()[-1])["length"])
-        lines.append(f"| {name} | {peaks[0] / 1e9:.2f} GB | {peaks[1] / 1e9:.2f} GB | {length:.1f} |")
-        print(lines[-1], flush=True)
+             f"completions of at most 256 tokens, one optimizer step, beta 0, fp32 on CPU; TRL "
+             f"{trainer['trl']}. Each run is a process of its own; its peak resident set is what `/usr/bin/time -v` "
+             f"reports. As users run them, grpo.py peaks at {users['peak'] / 1e9:.2f} GB and TRL's GRPOTrainer at "
+             f"{trainer['peak'] / 1e9:.2f} GB (first column). The second column is an extra: with "
+             "MALLOC_MMAP_THRESHOLD_=65536 malloc gives every freed block of 64 KiB or more back to the system at "
+             "once; glibc's default keeps some in its heap, so the first column shifts with the order of "
+             "allocations and from run to run.", "",
+             "| run | peak resident memory, as users run it | with MALLOC_MMAP_THRESHOLD_=65536 | mean completion "
+             "length |", "| --- | --- | --- | --- |"]
+    for name, r in got.items():
+        lines.append(f"| {name} | {r['peak'] / 1e9:.2f} GB | {r['peak_mmap'] / 1e9:.2f} GB | {r['length']:.1f} |")
     return lines
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--only", default="table,logprobs,trl", help="parts to run, comma-separated")
+    parser.add_argument("--only", default="table,logprobs,trl", help="parts to measure, comma-separated; the "
+                        "others are written from their points kept")
+    parser.add_argument("--report", action="store_true", help="measure nothing: write the file from the points kept")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.md"))
-    parser.add_argument("--rerun", action="store_true", help="measure again what benchmarks/runs/memory/ holds")
+    parser.add_argument("--rerun", action="store_true", help="measure the parts of --only again")
     parser.add_argument("--child", help=argparse.SUPPRESS)                  # one measurement, in a fresh process
     parser.add_argument("--trl-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -478,37 +696,37 @@ def main(argv=None):
         return print(json.dumps(measure(*spec["measure"]) if "measure" in spec else logprob_check(spec["logprobs"])))
     if args.trl_child:
         return trl_run(args.trl_child[0], args.trl_child[1] == "1")
+    parts = args.only.split(",")
+    unknown = set(parts) - {"table", "logprobs", "trl"}
+    if unknown:
+        parser.error(f"--only: unknown part {', '.join(sorted(unknown))} (parts: table, logprobs, trl)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
-    import transformers
-    start, parts = time.perf_counter(), args.only.split(",")
-    cpu = next(s.split(":", 1)[1].strip() for s in Path("/proc/cpuinfo").read_text().splitlines()
-               if s.startswith("model name"))
-    ram = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20           # MemTotal, in kB
-    machine = (f"{os.cpu_count()} CPU cores ({cpu}), {ram:.0f} GiB RAM" if args.device == "cpu" else
-               f"{torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).total_memory / GiB:.0f} GiB")
-    lines = [f"# Memory ({args.device}: {machine}; torch {torch.__version__}, transformers {transformers.__version__})",
-             "", f"Regenerate: `python benchmarks/memory.py{'' if args.device == 'cpu' else ' --device cuda'}`.", ""]
+    todo = lambda part: part in parts and not args.report
+    start, lines = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as tmp:
-        if "table" in parts:
-            main_lines, raw = table(args.device, args.rerun)
-            lines += ["## The README's example step: what fits where", "",
-                      "`python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 "
-                      "--prompts-per-step 8 --group-size 8` (--minibatches 4): 64 completions per step, 16 per "
-                      "minibatch, fp32 master weights, grads and AdamW moments, bf16 autocast.", "", *main_lines, "",
-                      *(NOTES.split("\n") if args.device == "cpu" else []), "",
-                      "### Measured points" + (" and the fitted cost of one layer" if args.device == "cpu" else ""),
-                      "",
-                      *raw, "", *CAVEATS.split("\n"), ""]
-        if "logprobs" in parts:
-            lines += ["## The log-prob path", "", *logprob_lines(args.device, args.rerun), ""]
-        if "trl" in parts:
-            lines += ["## grpo.py vs TRL's GRPOTrainer, peak memory at equal work", "", *trl_lines(tmp), ""]
-    took = (time.perf_counter() - start) / 60
-    earlier = sum(r.get("seconds", 0) for r in REUSED) / 60
-    reused = (f", reusing {len(REUSED)} measurements kept from earlier runs in benchmarks/runs/memory/ "
-              f"({earlier:.0f} min): {took + earlier:.0f} min of measuring in all" if REUSED else "")
-    lines.append(f"This run took {took:.0f} min{reused}.")
+        main_lines, peaks, raw, check = table(args.device, todo("table"), args.rerun)
+        lines += ["## The README's example step: what fits where", "",
+                  "`python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 --prompts-per-step "
+                  "8 --group-size 8` (--minibatches 4): 64 completions per step, 16 per minibatch, fp32 master "
+                  "weights, grads and AdamW moments, bf16 autocast. The parts of its step:", "", *main_lines, "",
+                  *(NOTES.split("\n") if args.device == "cpu" else []), "",
+                  "### Each script's peak", "", *SCRIPTS.split("\n"), "", *peaks, "",
+                  "### Measured points" + (" and the slope of each part per layer" if args.device == "cpu" else ""),
+                  "", *raw, "", *(FINDINGS.split("\n") if args.device == "cpu" else []), "", *CAVEATS.split("\n"), ""]
+        if check:
+            lines += ["## The check: Qwen3-0.6B at 3 and 4 layers", "", *check, ""]
+        lines += ["## The log-prob path", "", *logprob_lines(args.device, todo("logprobs"), args.rerun), "",
+                  "## grpo.py vs TRL's GRPOTrainer, peak memory at equal work", "",
+                  *trl_lines(tmp, todo("trl"), args.rerun), ""]
+    where = sorted({f"{p['machine']}; torch {p['torch']}, transformers {p['transformers']}" for p in USED})
+    took = sum(p["seconds"] for p in USED) / 60
+    lines = [f"# Memory ({args.device})", "",
+             f"Regenerate: `python benchmarks/memory.py{'' if args.device == 'cpu' else ' --device cuda'}`: it "
+             "measures only the points missing from benchmarks/results/memory-points/ (`--rerun` measures again, "
+             "`--report` measures nothing) and writes this file from them.", "",
+             f"Measured on {'; '.join(where) or 'nothing yet'}. Measuring took {took:.0f} min in all (the points' own "
+             f"times); this run {(time.perf_counter() - start) / 60:.0f} min.", "", *lines]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

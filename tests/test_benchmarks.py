@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import compare  # noqa: E402
@@ -102,20 +103,68 @@ def test_unknown_experiment_is_refused(capsys):
     assert e.value.code == 2 and "unknown experiment chess" in capsys.readouterr().err
 
 
-def test_memory_extrapolates_linearly_in_layers_and_in_experts():
-    # Dense, 1-3 layers: 5 + 2 per layer gives 61 at 28 layers; with noise, the least-squares line
-    # through 7, 10, 11 (slope 2, 28/3 at 2 layers) gives 28/3 + 4 at 4 layers.
-    assert memory.extrapolate([(1, None, 7.0), (2, None, 9.0), (3, None, 11.0)], 28) == pytest.approx(61.0)
-    assert memory.extrapolate([(1, None, 7.0), (2, None, 10.0), (3, None, 11.0)], 4) == pytest.approx(28 / 3 + 4)
-    # MoE: with 8 experts 10 and 13 at 1 and 2 layers (151 at 48), with 16 experts 14 and 19 (249 at 48):
-    # 98 more for 8 more experts, so 151 + 98 x 120 / 8 for 48 layers of 128 experts.
-    moe = [(1, 8, 10.0), (2, 8, 13.0), (1, 16, 14.0), (2, 16, 19.0)]
-    assert memory.extrapolate(moe, 48, 128) == pytest.approx(151 + 98 * 15)
-    assert memory.extrapolate([(28, None, 5.0)], 28) == 5.0                   # --device cuda: full depth measured
+def test_memory_extrapolates_along_the_line_through_one_and_two_layers():
+    # One layer's measurement + (L - 1) x the per-layer slope: 7 at 1 layer, 9 at 2, so 7 + 27 x 2 at 28 layers.
+    assert memory.line_through(7.0, 9.0, 28) == 61.0
+    dense = {(1, None): {"a": 7.0}, (2, None): {"a": 9.0}, (4, None): {"a": 100.0}}   # 4 layers: the check only
+    assert memory.estimate(dense, "a", 28) == 61.0 and memory.estimate(dense, "a", 4) == 100.0
+    # MoE: with 8 experts 10 and 13 at 1 and 2 layers (10 + 47 x 3 = 151 at 48), with 16 experts 14 and 19
+    # (14 + 47 x 5 = 249): 98 more for 8 more experts, so 151 + 98 x 120 / 8 for 48 layers of 128 experts.
+    moe = {(1, 8): {"c": 10.0}, (2, 8): {"c": 13.0}, (1, 16): {"c": 14.0}, (2, 16): {"c": 19.0}}
+    assert memory.estimate(moe, "c", 48, 128) == pytest.approx(151 + 98 * 15)
+    assert memory.estimate({(28, None): {"a": 5.0}}, "a", 28) == 5.0          # --device cuda: full depth measured
 
 
-def test_memory_fits_counts_the_cuda_context_and_keeps_a_tenth_of_the_card():
-    GiB = 2**30
-    assert memory.fits(21 * GiB) == "24 GB: yes, 40 GB: yes, 80 GB: yes"     # 21.5 GiB <= 0.9 x 24
-    assert memory.fits(22 * GiB) == "24 GB: tight, 40 GB: yes, 80 GB: yes"   # 22.5 GiB: over 21.6, within 24
-    assert memory.fits(40 * GiB) == "24 GB: no, 40 GB: no, 80 GB: yes"       # 40.5 GiB: over the card
+def test_memory_cards_are_in_gib_and_fits_keeps_a_tenth_of_the_card_and_the_cuda_context():
+    assert [round(size, 2) for size in memory.CARDS.values()] == [22.35, 37.25, 74.51]   # 24e9 / 2^30, ...
+    # 24 GB: 90% is 20.12 GiB; with the 0.5 GiB context a peak of 19.6 fits in it, 19.7 only in the card, 21.9 not.
+    assert memory.fits(19.6) == "24 GB: yes, 40 GB: yes, 80 GB: yes"
+    assert memory.fits(19.7) == "24 GB: tight, 40 GB: yes, 80 GB: yes"
+    assert memory.fits(21.9) == "24 GB: no, 40 GB: yes, 80 GB: yes"
+    assert memory.fits(33.1) == "24 GB: no, 40 GB: tight, 80 GB: yes"        # 33.6 > 0.9 x 37.25 = 33.53
+    assert memory.fits(66.5) == "24 GB: no, 40 GB: no, 80 GB: yes"           # 67.0 <= 0.9 x 74.51 = 67.06
+    assert memory.fits(74.1) == "24 GB: no, 40 GB: no, 80 GB: no"            # 74.6 > 74.51: not even tight
+
+
+def test_memory_script_peaks_add_what_each_script_holds_to_the_largest_phase():
+    # (a) 16 GiB for 2^30 parameters, a critic of half as many; phases: generation 5, (b) 2, (c) 10.
+    peaks = memory.script_peaks(16.0, 5.0, 2.0, 10.0, 2**30, 2**29)
+    assert peaks["grpo.py"] == 26.0                                          # 16 + 10
+    assert peaks["grpo.py --beta 0.04"] == 30.0                              # + the reference's fp32 weights, 4
+    assert peaks["ppo.py"] == 38.0                                           # + the critic's 8 + the reference's 4
+    # dapo.py: + 5 rounds x 64 completions x (662 x 16 + 512 x 8 + 1) bytes of token ids, masks and entropies.
+    assert peaks["dapo.py"] - peaks["grpo.py"] == pytest.approx(5 * 64 * 14689 / 2**30)
+    assert memory.script_peaks(16.0, 5.0, 2.0, 3.0, 2**30, 2**29)["grpo.py"] == 21.0   # generation is the largest
+    moe = memory.script_peaks(16.0, 5.0, 2.0, 10.0, 2**30, 2**29, routing=0.5)   # an MoE's recorded experts
+    assert [moe[s] - peaks[s] for s in peaks] == [0.5] * 4
+
+
+def test_memory_critic_has_the_policy_trunk_and_a_scalar_head():
+    from transformers import AutoModelForCausalLM
+    for tied in (True, False):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(memory.config(
+                "Qwen3-0.6B", 1, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=8, tie_word_embeddings=tied))
+            policy, critic = memory.n_params(model), memory.n_params(memory.ppo.make_critic(model))
+        # Tied: the embedding stays as the critic's input, + a 16 -> 1 head; untied: the 151,936 x 16 head goes.
+        assert critic - policy == (17 if tied else 17 - 151936 * 16)
+
+
+def test_memory_points_are_kept_and_measured_only_when_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "POINTS_DIR", tmp_path)
+    taken = []
+    take = lambda: taken.append(1) or {"a": len(taken)}
+    assert memory.point("x", take, False, False) is None                     # missing, nothing measured
+    assert memory.point("x", take, True, False)["a"] == 1                    # measured and kept
+    assert memory.point("x", take, True, False)["a"] == 1 and len(taken) == 1    # kept: not measured again
+    assert memory.point("x", take, False, True)["a"] == 1                    # --rerun of another part: kept
+    assert memory.point("x", take, True, True)["a"] == 2                     # --rerun: measured again
+    assert memory.point("y", lambda: {"error": "boom"}, True, False) == {"error": "boom"}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["x.json"]          # a failure is not kept
+
+
+def test_memory_unknown_part_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        memory.main(["--only", "table,chess", "--report"])
+    assert e.value.code == 2 and "unknown part chess" in capsys.readouterr().err
