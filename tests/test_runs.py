@@ -269,7 +269,12 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_afresh_in_its_folder(f
         return real_evaluate(*args)
 
     monkeypatch.setattr(common, "evaluate", ctrl_c_then_evaluate)
-    code, _ = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path)], capsys)
+    # Ctrl-C as a terminal delivers it (a job started with & in a script inherits SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, _ = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path)], capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130 and [f.name for f in tmp_path.iterdir()] == ["metrics.jsonl"]
     monkeypatch.setattr(common, "evaluate", real_evaluate)
     code, err = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--resume", str(tmp_path)], capsys)
