@@ -1049,23 +1049,44 @@ def rollout_metrics(rewards, rollout):
             "entropy": masked_mean(rollout.entropy, rollout.mask).item()}
 
 
+def quarters(mask):
+    """The first and the last quarter of each completion's positions, as masks [N, T]: t < |o_i|/4 and, counted
+    from the end the same way, |o_i| - 1 - t < |o_i|/4 (the first and the last ceil(|o_i|/4) tokens, EOS
+    included; a completion of 1 to 4 tokens gives one token to each)."""
+    t = torch.arange(mask.shape[1], device=mask.device)
+    length = mask.sum(1, keepdim=True)
+    return mask * (t < length / 4), mask * (length - 1 - t < length / 4)
+
+
+def by_quarter(name, x, mask, stat=lambda x, m: masked_mean(x, m).item()):
+    """{name_q1, name_q4}: stat(x, quarter), by default the mean, over the first and the last quarter of each
+    completion (quarters)."""
+    first, last = quarters(mask)
+    return {f"{name}_q1": stat(x, first), f"{name}_q4": stat(x, last)}
+
+
 def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
     """Per minibatch: the variance of the token ratios r_it and, for MoE models, what routing did to
     them (the GSPO paper's MoE argument): routing drift, the share of tokens whose experts changed in
-    any layer since the rollout, and the mean |log r_it| of those tokens versus the others."""
+    any layer since the rollout, and the mean |log r_it| of those tokens versus the others. The variance
+    and the drift also over the first and the last quarter of each completion (_q1, _q4): where in a long
+    answer the ratios and the routing move."""
+    variance = lambda x, m: x[m.bool()].var().item() if m.sum() > 1 else float("nan")
     with torch.no_grad():
         valid = mask.bool()
-        log_ratio = (logp - old_logp)[valid]
-        metrics = {"token_ratio_var": log_ratio.exp().var().item() if len(log_ratio) > 1 else float("nan")}
+        log_ratio = logp - old_logp
+        ratio = log_ratio.exp()
+        metrics = {"token_ratio_var": variance(ratio, mask), **by_quarter("token_ratio_var", ratio, mask, variance)}
         if routing is None:
             return metrics
         changed = experts_changed(routing, old_routing, mask.shape[1])                    # [L, N, T]
         rerouted = changed.any(0)[valid]                                                   # in any layer
         mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
-        return metrics | {"routing_drift": masked_mean(changed.float().mean(0), mask).item(),
+        drift = changed.float().mean(0)                                                    # [N, T], over layers
+        return metrics | {"routing_drift": masked_mean(drift, mask).item(), **by_quarter("routing_drift", drift, mask),
                           "rerouted_token_frac": rerouted.float().mean().item(),
-                          "abs_log_ratio_rerouted": mean_abs(log_ratio[rerouted]),
-                          "abs_log_ratio_other": mean_abs(log_ratio[~rerouted]),
+                          "abs_log_ratio_rerouted": mean_abs(log_ratio[valid][rerouted]),
+                          "abs_log_ratio_other": mean_abs(log_ratio[valid][~rerouted]),
                           "load_balancing_loss": float("nan") if aux_loss is None else aux_loss.item()}
 
 

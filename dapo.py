@@ -139,6 +139,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_hig
                    "clip_frac_low": common.masked_mean(clipped_low.float(), mask).item(),
                    "clip_frac_high": common.masked_mean(clipped_high.float(), mask).item(),
                    "approx_kl": common.masked_mean(ratio - 1 - log_ratio, mask).item()}   # k3 KL(old || new)
+        metrics |= common.by_quarter("clip_frac", (clipped_low | clipped_high).float(), mask)
     return loss, metrics
 
 

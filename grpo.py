@@ -117,6 +117,7 @@ def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, b
     with torch.no_grad():
         clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
         metrics["clip_frac"] = common.masked_mean(clipped.float(), mask).item()
+        metrics |= common.by_quarter("clip_frac", clipped.float(), mask)
         metrics["approx_kl"] = common.masked_mean(ratio - 1 - log_ratio, mask).item()   # k3 KL(old || new)
     return loss, metrics
 

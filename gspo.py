@@ -144,6 +144,7 @@ def sequence_metrics(clipped, log_ratio, seq_log_ratio, mask):
     """clip_frac as the paper counts it: clipped tokens (every token of a clipped sequence) over all
     tokens; the spread of the sequence log-ratios; k3 KL(old || new)."""
     return {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
+            **common.by_quarter("clip_frac", clipped.float(), mask),
             "seq_log_ratio_std": seq_log_ratio.std().item() if len(seq_log_ratio) > 1 else 0.0,
             "approx_kl": common.masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).item()}
 

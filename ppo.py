@@ -149,6 +149,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
         clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | ((advantages < 0) & (ratio < 1 - clip_eps))
         metrics = {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
                    "approx_kl": common.masked_mean(ratio - 1 - log_ratio, mask).item()}   # k3 KL(old || new)
+        metrics |= common.by_quarter("clip_frac", clipped.float(), mask)
     return loss, metrics
 
 
@@ -254,8 +255,11 @@ def train(args):
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
+        first, last = common.quarters(rollout.mask)              # how well V is known early and late in an answer
         record = {"step": step, **common.rollout_metrics(scores, rollout), **common.mean_metrics(stats),
                   "explained_variance": explained_variance(old_values, returns, rollout.mask),
+                  "explained_variance_q1": explained_variance(old_values, returns, first),
+                  "explained_variance_q4": explained_variance(old_values, returns, last),
                   "kl_ref": common.masked_mean(old_logp - ref_logp, rollout.mask).item(),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_ref_s": t3 - t2, "time_critic_s": critic_time, "time_update_s": t4 - t3 - critic_time}

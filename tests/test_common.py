@@ -195,3 +195,32 @@ def test_ratio_metrics_split_rerouted_tokens_from_the_others():
     assert m["abs_log_ratio_other"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.1) / 4)
     assert m["token_ratio_var"] == pytest.approx(torch.tensor([0.1, -0.5, 0.2, 0.3, -0.1]).exp().var().item())
     assert m["load_balancing_loss"] == 1.5
+
+
+def test_quarters_are_the_first_and_last_quarter_of_each_completion():
+    mask = torch.zeros(5, 8)
+    for i, n in enumerate([1, 3, 4, 5, 8]):
+        mask[i, :n] = 1
+    first, last = common.quarters(mask)
+    # ceil(n / 4) tokens at each end: n = 1 -> the one token is both; 3, 4 -> one each; 5 -> two; 8 -> two.
+    assert [row.nonzero().flatten().tolist() for row in first] == [[0], [0], [0], [0, 1], [0, 1]]
+    assert [row.nonzero().flatten().tolist() for row in last] == [[0], [2], [3], [3, 4], [6, 7]]
+
+
+def test_ratio_variance_and_routing_drift_by_quarter():
+    L, N, T, P = 2, 2, 4, 1                                          # positions P + T - 1 = 4, all completion
+    old_routing = torch.stack([torch.zeros(L, N, T), torch.ones(L, N, T)], -1).long()
+    routing = old_routing.clone()
+    routing[:, 0, 3] = torch.tensor([0, 2])                          # row 0, last token: both layers re-routed
+    routing[1, 1, 0] = torch.tensor([0, 2])                          # row 1, first token: layer 1 only
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    ratios = torch.tensor([[2.0, 1.0, 1.0, 4.0], [1.0, 1.0, 7.0, 7.0]])  # 7: padding, never counted
+    m = common.ratio_metrics(ratios.log(), torch.zeros(N, T), mask, routing, old_routing, None)
+    # First quarter: token 0 of both rows (ratios 2, 1); last: row 0 token 3 and row 1 token 1 (ratios 4, 1).
+    assert m["token_ratio_var_q1"] == pytest.approx(0.5)            # mean 1.5, (0.25 + 0.25) / 1
+    assert m["token_ratio_var_q4"] == pytest.approx(4.5)            # mean 2.5, (2.25 + 2.25) / 1
+    assert m["token_ratio_var"] == pytest.approx(22 / 15)           # 2, 1, 1, 4, 1, 1: mean 5/3, 66/9 / 5
+    # Drift per token is the share of its 2 layers re-routed: row 1 token 0 -> 0.5, row 0 token 3 -> 1.
+    assert m["routing_drift_q1"] == pytest.approx((0.5 + 0) / 2)
+    assert m["routing_drift_q4"] == pytest.approx((1 + 0) / 2)
+    assert m["routing_drift"] == pytest.approx((0.5 + 1) / 6)

@@ -77,6 +77,8 @@ def test_policy_loss_by_hand():
     # Per token min(r A, clip(r) A): 1.0, 1.2*2, 0.5, -1.1, -0.8; mean over 5 valid tokens.
     assert loss.item() == pytest.approx(-(1.0 + 2.4 + 0.5 - 1.1 - 0.8) / 5, abs=1e-6)
     assert metrics["clip_frac"] == pytest.approx(2 / 5)
+    # By quarter: token 0 of each row, none clipped; row 0 token 2 and row 1 token 1 (clipped), one of two.
+    assert metrics["clip_frac_q1"] == 0.0 and metrics["clip_frac_q4"] == pytest.approx(0.5)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.0 / 5, 0.0, -0.5 / 5], [1.1 / 5, 0.0, 0.0]]), atol=1e-6)
 
@@ -103,6 +105,16 @@ def test_explained_variance():
     assert ppo.explained_variance(constant, returns, mask) == pytest.approx(0.0, abs=1e-5)
 
 
+def test_explained_variance_by_quarter_by_hand():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    returns = torch.tensor([[1.0, 5.0, 5.0, 3.0], [2.0, 0.0, 0.0, 0.0]])
+    values = torch.tensor([[1.0, 0.0, 0.0, 3.0], [2.0, 1.0, 0.0, 0.0]])
+    first, last = common.quarters(mask)          # token 0 of each row; row 0 token 3 and row 1 token 1
+    assert ppo.explained_variance(values, returns, first) == pytest.approx(1.0)   # R 1, 2 known exactly
+    # R 3, 0 (variance 2.25), R - V 0, -1 (variance 0.25): 1 - 0.25 / 2.25.
+    assert ppo.explained_variance(values, returns, last) == pytest.approx(8 / 9)
+
+
 def test_ppo_end_to_end_on_the_toy(tmp_path):
     ppo.main(["--steps", "3", "--prompts-per-step", "16", "--minibatches", "2", "--eval-size", "16",
               "--eval-every", "2", "--out", str(tmp_path)])
@@ -110,7 +122,8 @@ def test_ppo_end_to_end_on_the_toy(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         for key in ("value_loss", "explained_variance", "kl_ref", "clip_frac", "time_critic_s", "peak_memory_mb",
-                    "routing_drift", "entropy"):
+                    "routing_drift", "entropy", "explained_variance_q1", "explained_variance_q4", "clip_frac_q4",
+                    "token_ratio_var_q1", "routing_drift_q4"):
             assert r[key] is not None and math.isfinite(r[key]), key
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert {"policy", "optimizer", "critic", "critic_optimizer"} <= set(checkpoint)
