@@ -1080,13 +1080,13 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
         if routing is None:
             return metrics
         changed = experts_changed(routing, old_routing, mask.shape[1])                    # [L, N, T]
-        rerouted = changed.any(0)[valid]                                                   # in any layer
+        rerouted, valid_log_ratio = changed.any(0)[valid], log_ratio[valid]                # in any layer
         mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
         drift = changed.float().mean(0)                                                    # [N, T], over layers
         return metrics | {"routing_drift": masked_mean(drift, mask).item(), **by_quarter("routing_drift", drift, mask),
                           "rerouted_token_frac": rerouted.float().mean().item(),
-                          "abs_log_ratio_rerouted": mean_abs(log_ratio[valid][rerouted]),
-                          "abs_log_ratio_other": mean_abs(log_ratio[valid][~rerouted]),
+                          "abs_log_ratio_rerouted": mean_abs(valid_log_ratio[rerouted]),
+                          "abs_log_ratio_other": mean_abs(valid_log_ratio[~rerouted]),
                           "load_balancing_loss": float("nan") if aux_loss is None else aux_loss.item()}
 
 
