@@ -2,6 +2,7 @@
 
     python benchmarks/compare.py            # the full study, 72 runs: about 2 hours on 2 CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
+    python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, about an hour
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
     python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs
 
@@ -20,6 +21,9 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
           expert hidden size 16), whose routing moves far more than the default's
   hf-moe  the same three on a tiny Hugging Face Qwen3-MoE (random weights, experts and routers scaled
           by 3 so that they matter), built here, with a partial-credit reward (digits in place)
+  lr      ppo, grpo, grpo + replay, gspo and dapo at 1, 3, 10 and 30 times the default --lr, on the toy MoE
+          and the fine toy: final accuracy and which seeds fell (`fell`); one table, one figure (not in the
+          default run: --only lr, about an hour)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
@@ -41,6 +45,11 @@ RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
 HF_MOE = RUNS / "hf-moe-model"  # built by build_hf_moe before the hf-moe runs
 PER_STEP = 128  # completions a step generates in every run of the study at the scripts' defaults (16 x 8, ppo 128 x 1)
 ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
+FINE = ["--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"]   # the fine-grained toy MoE
+ARMS = [("ppo", "ppo.py", []), ("grpo", "grpo.py", []), ("grpo + replay", "grpo.py", ["--routing-replay"]),
+        ("gspo", "gspo.py", []), ("dapo", "dapo.py", [])]
+LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr default (tests/test_benchmarks.py checks it)
+MODELS = {"toy MoE": [], "fine toy": FINE}
 
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
 EXPERIMENTS = {
@@ -74,8 +83,7 @@ EXPERIMENTS = {
         ("2 layers", "grpo.py", ["--n-layers", "2"]),
         ("4 layers", "grpo.py", ["--n-layers", "4"]),
         ("8 layers", "grpo.py", ["--n-layers", "8"])]),
-    "fine": (["--task", "add", "--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"],
-             300, 10, [
+    "fine": (["--task", "add"] + FINE, 300, 10, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
@@ -84,6 +92,11 @@ EXPERIMENTS = {
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", [])]),
+    # Where each algorithm breaks: the policy's --lr at 1, 3, 10 and 30 times the default (ppo's critic keeps its
+    # own), on both toy MoEs. Nothing else changes, for every arm alike.
+    "lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} {model}", script, flags + ["--lr", f"{DEFAULT_LR * k:g}"] + more)
+                                       for model, more in MODELS.items() for arm, script, flags in ARMS
+                                       for k in LR_TIMES]),
 }
 
 
@@ -131,7 +144,8 @@ def build_hf_moe(folder=HF_MOE):
 
 
 def run_dir(experiment, label, seed, quick):
-    return RUNS / ("quick" if quick else "") / experiment / re.sub(r"[^a-z0-9]+", "-", label).strip("-") / f"seed{seed}"
+    return (RUNS / ("quick" if quick else "") / experiment / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+            / f"seed{seed}")
 
 
 def default_steps(script):
@@ -140,8 +154,15 @@ def default_steps(script):
 
 
 def finished(out, steps):
+    """Ran to its last step, or stopped on purpose (dapo.py when no group has a reward signal left): an outcome,
+    not a failure to run again."""
     rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
-    return bool(rows) and rows[-1]["step"] == steps
+    return bool(rows) and (rows[-1]["step"] == steps or stopped(out))
+
+
+def stopped(out):
+    log = out / "log.txt"
+    return log.exists() and "\nstopped: " in log.read_text()
 
 
 def launch(job):
@@ -152,6 +173,7 @@ def launch(job):
     with open(out / "log.txt", "w") as log:
         rc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT).returncode
+    rc = 0 if rc == 1 and stopped(out) else rc
     print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'}: {script} {' '.join(flags)}",
           flush=True)
     return rc
@@ -317,6 +339,8 @@ def collect(name, seeds, quick):
     for label, _, _ in EXPERIMENTS[name][3]:
         outs = [run_dir(name, label, seed, quick) for seed in seeds]
         found[label] = [read_metrics(o) for o in outs if (o / "metrics.jsonl").exists()]
+        for o, rows in zip([o for o in outs if (o / "metrics.jsonl").exists()], found[label]):
+            rows[-1]["stopped"] = stopped(o)         # its last row says whether the run stopped on purpose there
     return found
 
 
@@ -416,6 +440,83 @@ def figure(name, runs, path):
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The lr experiment: final accuracy against the learning rate, and which seeds fell
+
+def fell(evals, drop=0.10):
+    """The instability criterion, written down before the lr study ran: greedy accuracy fell more than `drop`
+    below the base (the step-0 evaluation) and stayed there, i.e. every evaluation from the first such one to
+    the last is more than `drop` below the base. evals: [(step, accuracy)], the base first."""
+    below = [acc < evals[0][1] - drop for _, acc in evals[1:]]
+    return True in below and all(below[below.index(True):])
+
+
+def lr_results(runs):
+    """{(model, arm): {lr multiple: (final accuracies over seeds, how many fell, how many stopped)}}, and each
+    model's base. A stopped run's final accuracy is its last evaluation."""
+    out, bases = {}, {}
+    for model in MODELS:
+        for arm, _, _ in ARMS:
+            for k in LR_TIMES:
+                evals = [[(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r]
+                         for rs in runs.get(f"{arm} lr x{k} {model}", [])]
+                if evals:
+                    stops = sum(rs[-1].get("stopped", False) for rs in runs[f"{arm} lr x{k} {model}"])
+                    out.setdefault((model, arm), {})[k] = ([e[-1][1] for e in evals], sum(map(fell, evals)), stops)
+                    bases.setdefault(model, []).extend(e[0][1] for e in evals)
+    return out, {model: statistics.mean(b) for model, b in bases.items()}
+
+
+def lr_table(runs):
+    results, bases = lr_results(runs)
+    header = ["model", "run"] + [f"lr x{k} ({DEFAULT_LR * k:g})" for k in LR_TIMES]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for (model, arm), by_lr in results.items():
+        cells = [f"{mean_std(by_lr[k][0])}, {by_lr[k][1]}/{len(by_lr[k][0])} fell"
+                 + (f", {by_lr[k][2]} stopped" if by_lr[k][2] else "") if k in by_lr else "—" for k in LR_TIMES]
+        lines.append("| " + " | ".join([f"{model} (base {bases[model]:.3f})", arm] + cells) + " |")
+    return lines
+
+
+def lr_figure(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    results, bases = lr_results(runs)
+    fig, axes = plt.subplots(1, len(MODELS), figsize=(12, 4.5), sharey=True)
+    for ax, model in zip(axes, MODELS):
+        for (m, arm), by_lr in results.items():
+            if m == model:
+                ks = sorted(by_lr)
+                finals = [by_lr[k][0] for k in ks]
+                ax.errorbar([DEFAULT_LR * k for k in ks], [statistics.mean(f) for f in finals],
+                            yerr=[statistics.stdev(f) if len(f) > 1 else 0.0 for f in finals], marker="o",
+                            capsize=3, label=arm)
+        if model in bases:
+            ax.axhline(bases[model], color="grey", linestyle="--", linewidth=1)
+            ax.axhline(bases[model] - 0.10, color="grey", linestyle=":", linewidth=1)
+        ax.set(xscale="log", ylim=(0, 1), xlabel="policy learning rate", title=model)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final greedy eval accuracy")
+    axes[0].legend()
+    seeds = max((len(f[0]) for by_lr in results.values() for f in by_lr.values()), default=0)
+    fig.suptitle(f"lr: final accuracy, mean ± 1 std over {seeds} seeds; dashed: the base, dotted: 0.10 below it")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def old_sections(path):
+    """{experiment: its section of an existing study.md}, kept for experiments with no runs here."""
+    sections, name = {}, None
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        if line.startswith("## "):
+            name = line[3:].split(":")[0]
+        if name:
+            sections.setdefault(name, []).append(line)
+    return sections
+
+
 def report(seeds, quick):
     """study.md from every finished run of every experiment (so a partial rerun keeps the other tables)."""
     results = RUNS / "quick" if quick else RESULTS     # a smoke run never overwrites the results
@@ -425,9 +526,22 @@ def report(seeds, quick):
              f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
              f"--seeds 1 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it). \"start\" is the "
              f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps.", ""]
+    kept = old_sections(results / "study.md")
     for name in EXPERIMENTS:
         runs = collect(name, seeds, quick)
         if not any(runs.values()):
+            lines += kept.get(name, [])       # its runs are elsewhere: the table they made stays as it was
+            continue
+        if name == "lr":
+            lines += [f"## lr: `--task add`, {EXPERIMENTS[name][2 if quick else 1]} steps, the policy's --lr at "
+                      f"{', '.join(f'{k}' for k in LR_TIMES)} times the default ({DEFAULT_LR:g})", "",
+                      "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
+                      "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
+                      "one to the last), a criterion fixed before the runs. \"stopped\": dapo.py stops a run when "
+                      "no group of its 5 generation rounds has a reward signal left; its final is its last "
+                      "evaluation (every 1/12 of the run).", ""]
+            lines += lr_table(runs) + ["", "![lr](lr.png)", ""]
+            lr_figure(runs, results / "lr.png")
             continue
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
@@ -448,8 +562,9 @@ def report(seeds, quick):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps per run: a smoke test of the study")
-    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e != "defaults"),
-                        help="experiments to run, comma-separated (default: all but defaults, which runs alone)")
+    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in ("defaults", "lr")),
+                        help="experiments to run, comma-separated (default: all but defaults, which runs alone, "
+                             "and lr, 120 runs of its own)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 2 with --quick)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")

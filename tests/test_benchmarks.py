@@ -168,3 +168,46 @@ def test_memory_unknown_part_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         memory.main(["--only", "table,chess", "--report"])
     assert e.value.code == 2 and "unknown part chess" in capsys.readouterr().err
+
+
+def test_a_run_fell_when_it_dropped_more_than_a_tenth_below_its_base_and_stayed_there():
+    evals = lambda *accs: list(enumerate(accs))                  # [(step, accuracy)], the base first
+    assert compare.fell(evals(0.40, 0.35, 0.25, 0.20, 0.29))     # below 0.30 from step 2 to the end
+    assert not compare.fell(evals(0.40, 0.25, 0.31, 0.20))       # came back to 0.31 once: did not stay
+    assert not compare.fell(evals(0.40, 0.35, 0.30, 0.31))       # 0.30 is exactly 0.10 below: not more
+    assert compare.fell(evals(0.40, 0.50, 0.29))                 # a fall at the last evaluation counts
+    assert not compare.fell(evals(0.40, 0.60, 0.80))
+
+
+def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_multiple():
+    run = lambda *accs: [{"step": 0, "eval_accuracy": accs[0]}] + [{"step": i, "eval_accuracy": a}
+                                                                    for i, a in enumerate(accs[1:], 1)]
+    runs = {"grpo lr x1 toy MoE": [run(0.4, 0.5, 0.6), run(0.4, 0.5, 0.8)],          # finals 0.6, 0.8
+            "grpo lr x3 toy MoE": [run(0.4, 0.2, 0.1), run(0.4, 0.5, 0.5)],          # the first fell
+            "gspo lr x30 fine toy": [run(0.2, 0.0, 0.0)]}
+    runs["gspo lr x30 fine toy"][0][-1]["stopped"] = True                               # as collect() marks it
+    results, bases = compare.lr_results(runs)
+    assert results[("toy MoE", "grpo")] == {1: ([0.6, 0.8], 0, 0), 3: ([0.1, 0.5], 1, 0)}
+    assert results[("fine toy", "gspo")] == {30: ([0.0], 1, 1)} and bases == {"toy MoE": 0.4, "fine toy": 0.2}
+    lines = compare.lr_table(runs)
+    assert lines[0] == "| model | run | lr x1 (0.0001) | lr x3 (0.0003) | lr x10 (0.001) | lr x30 (0.003) |"
+    assert lines[2] == "| toy MoE (base 0.400) | grpo | 0.700 ± 0.141, 0/2 fell | 0.300 ± 0.283, 1/2 fell | — | — |"
+    assert lines[3] == "| fine toy (base 0.200) | gspo | — | — | — | 0.000, 1/1 fell, 1 stopped |"
+
+
+def test_lr_experiment_scales_every_scripts_own_default_lr_alike():
+    assert {compare.importlib.import_module(s[:-3]).Args().lr for _, s, _ in compare.ARMS} == {compare.DEFAULT_LR}
+    runs = compare.EXPERIMENTS["lr"][3]
+    assert len(runs) == len(compare.ARMS) * len(compare.LR_TIMES) * len(compare.MODELS) == 40
+    label, script, flags = runs[-1]
+    assert label == "dapo lr x30 fine toy" and script == "dapo.py" and flags == ["--lr", "0.003"] + compare.FINE
+
+
+def test_report_keeps_the_tables_of_experiments_whose_runs_are_not_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    monkeypatch.setattr(compare, "RUNS", tmp_path / "runs")
+    (tmp_path / "study.md").write_text("# Study results\n\nintro\n\n## main: `--task add`, 600 steps\n\n| a |\n\n"
+                                       "## stress: x\n\n| b |\n")
+    compare.report(range(3), quick=False)
+    text = (tmp_path / "study.md").read_text()
+    assert "## main: `--task add`, 600 steps\n\n| a |\n\n## stress: x\n\n| b |" in text
