@@ -37,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -166,13 +167,20 @@ def stopped(out):
 
 
 def launch(job):
+    """One run as a subprocess; its whole wall time goes to wall_seconds. `defaults` runs start from an empty
+    warm-start cache (their own), as a user's first run does."""
     script, flags, out, threads = job
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     shutil.rmtree(out, ignore_errors=True)           # an unfinished or --rerun run starts again from nothing
     out.mkdir(parents=True)
+    if out.parent.parent.name == "defaults":
+        env["RL_CACHE_DIR"] = str(out / "cache")
+    start = time.perf_counter()
     with open(out / "log.txt", "w") as log:
         rc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT).returncode
+    (out / "wall_seconds").write_text(f"{time.perf_counter() - start:.1f}\n")
+    shutil.rmtree(out / "cache", ignore_errors=True)
     rc = 0 if rc == 1 and stopped(out) else rc
     print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'}: {script} {' '.join(flags)}",
           flush=True)
@@ -270,7 +278,7 @@ def summarise(rows, target=None):
                              default=float("nan")),
         "grad_norm_max": max((r["grad_norm"] for r in steps if "grad_norm" in r), default=float("nan")),
         "peak_memory_mb": max(r["peak_memory_mb"] for r in steps),
-        "seconds_per_step": clock / len(steps),
+        "seconds_per_step": clock / len(steps), "wall_seconds": rows[-1].get("wall_seconds"),
         "completions_per_step": sum(completions(r) for r in steps) / len(steps),
     }
 
@@ -305,14 +313,15 @@ TITLES = {
     "seconds_per_step": ("s/step", "{:.3f}"), "time_generate": ("generate", "{:.3f}"),
     "time_old_logp": ("old log-probs", "{:.3f}"), "time_update": ("update (+ critic)", "{:.3f}"),
     "time_critic": ("of which critic", "{:.3f}"),
-    "train_seconds": ("training seconds", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
+    "train_seconds": ("training seconds", "{:.0f}"),
+    "wall_seconds": ("wall seconds, whole process from an empty cache", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
     "completions_per_step": ("completions/step", "{:.0f}"),
 }
 ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
 COLUMNS = {name: keys.split() for name, keys in {
     "defaults": f"base final sampled_accuracy_start sampled_accuracy_end entropy_start entropy_end clip_frac {ROUTING} "
                 "grad_norm_max seconds_per_step time_generate time_old_logp time_update time_critic train_seconds "
-                "peak_memory_mb",
+                "wall_seconds peak_memory_mb",
     "main": f"final at_equal_completions steps_to_target seconds_to_target clip_frac entropy_end length_end {ROUTING} "
             "peak_memory_mb seconds_per_step completions_per_step",
     "length": "final at_equal_completions steps_to_truncation_2pct truncated_end length_end entropy_end clip_frac "
@@ -341,6 +350,8 @@ def collect(name, seeds, quick):
         found[label] = [read_metrics(o) for o in outs if (o / "metrics.jsonl").exists()]
         for o, rows in zip([o for o in outs if (o / "metrics.jsonl").exists()], found[label]):
             rows[-1]["stopped"] = stopped(o)         # its last row says whether the run stopped on purpose there
+            wall = o / "wall_seconds"
+            rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None
     return found
 
 

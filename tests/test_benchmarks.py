@@ -1,4 +1,5 @@
 """benchmarks/compare.py and memory.py: the arithmetic behind their tables, on hand-made numbers."""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -211,3 +212,18 @@ def test_report_keeps_the_tables_of_experiments_whose_runs_are_not_here(tmp_path
     compare.report(range(3), quick=False)
     text = (tmp_path / "study.md").read_text()
     assert "## main: `--task add`, 600 steps\n\n| a |\n\n## stress: x\n\n| b |" in text
+
+
+def test_defaults_runs_start_from_an_empty_cache_and_record_their_whole_wall_time(tmp_path, monkeypatch):
+    seen = {}
+    def fake_run(cmd, cwd, env, stdout, stderr):
+        seen["cache"] = env["RL_CACHE_DIR"]
+        Path(env["RL_CACHE_DIR"]).mkdir(exist_ok=True)                        # where the run would cache its base
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    out = tmp_path / "defaults" / "grpo" / "seed0"
+    assert compare.launch(("grpo.py", [], out, 2)) == 0
+    assert seen["cache"] == str(out / "cache") and not (out / "cache").exists()  # its own, emptied after
+    assert 0 <= float((out / "wall_seconds").read_text()) < 5
+    compare.launch(("grpo.py", [], tmp_path / "main" / "grpo" / "seed0", 1))
+    assert seen["cache"] != str(tmp_path / "main" / "grpo" / "seed0" / "cache")  # only defaults
