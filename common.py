@@ -477,6 +477,25 @@ def progression_problems():
             for a in range(100) for d in range(1, 10) for k in range(1, 9) if a + d * (k - 1) <= 99]
 
 
+CHAIN_LENGTH = 10   # --chain-length's default: 10 running totals, completions of 44 tokens
+MAX_CHAIN_LENGTH = 110  # 9 x 110 = 990: the longest chain whose every step size still has a start
+
+
+def chain_problems(length=CHAIN_LENGTH):
+    """Running totals, written out: '123+7=' -> '130,137,...,193=193', the start plus the step (1-9) `length`
+    times, three digits each, then '=' and the last total. Each total is the one before it plus the step, so a
+    wrong total spoils the later ones and the answer. Every start and step whose totals stay under 1000:
+    7,500-9,000 prompts for lengths up to 33; completions of 4 * length + 4 tokens, EOS included."""
+    return [(f"{a:03d}+{d}=", ",".join(totals) + "=" + totals[-1])
+            for d in range(1, 10) for a in range(1000 - d * length)
+            for totals in [[f"{a + d * i:03d}" for i in range(1, length + 1)]]]
+
+
+def chain_reward(completion, answer, finished):
+    """1 for exactly the final answer (after the first '=') followed by EOS, whatever the chain before it."""
+    return float(finished and "=" in completion and completion.split("=", 1)[1] == answer.split("=", 1)[1])
+
+
 def progression_ramble(prompt, length):
     """A completion that misses its stop: it keeps counting past the k-th term, with no EOS."""
     a, d = int(prompt[:2]), int(prompt[3])
@@ -485,18 +504,22 @@ def progression_ramble(prompt, length):
 
 @dataclass
 class ToyTask:
-    problems: typing.Callable        # () -> [(prompt, answer)]
-    max_new_tokens: int              # the default completion limit
+    problems: typing.Callable        # () -> [(prompt, answer)]; (length) -> ... when `sized`
+    max_new_tokens: int              # the default completion limit (None: the longest answer and EOS, plus 8)
     ramble: typing.Callable = None   # (prompt, length) -> a completion that never ends
     ramble_share: float = 0.0        # share of warm-start examples taught to ramble, without EOS
+    reward: typing.Callable = None   # (completion, answer, finished) -> float (None: toy_reward, the whole answer)
+    sized: bool = False              # --chain-length sets the length of its answers
 
 
 # The length task plants truncation on purpose: after a plain warm start a model learns where to stop
 # before it learns the digits, so nothing would ever be truncated and DAPO's length techniques would
 # have nothing to act on. A quarter of its warm-start examples ramble to the limit instead.
+# The chain task gives long answers (44 tokens by default) whose reward reads only their last four.
 TASKS = {"add": ToyTask(add_problems, max_new_tokens=8),
          "progression": ToyTask(progression_problems, max_new_tokens=32, ramble=progression_ramble,
-                                 ramble_share=0.25)}
+                                 ramble_share=0.25),
+         "chain": ToyTask(chain_problems, max_new_tokens=None, reward=chain_reward, sized=True)}
 
 
 @dataclass
@@ -533,13 +556,13 @@ def split_eval(rows, n_held_out):
     return [rows[i] for i in perm[n_held_out:]], [rows[i] for i in perm[:n_held_out]]
 
 
-def toy_world(task, eval_size, max_new_tokens):
-    encode = lambda s: torch.tensor([TOY_ID[c] for c in s])
-    rows = [(encode(p), a) for p, a in TASKS[task].problems()]
+def toy_world(task, eval_size, max_new_tokens, chain_length=CHAIN_LENGTH):
+    toy, encode = TASKS[task], lambda s: torch.tensor([TOY_ID[c] for c in s])
+    rows = [(encode(p), a) for p, a in (toy.problems(chain_length) if toy.sized else toy.problems())]
     train, held_out = split_eval(rows, 500)  # the same 500 held out whatever --eval-size, so one base fits all
     decode = lambda ids: "".join(TOY_VOCAB[i] for i in ids if i > TOY_EOS)
-    return World(train, held_out[:eval_size], decode, toy_reward, (TOY_EOS,), TOY_PAD,
-                 max_new_tokens or TASKS[task].max_new_tokens)
+    return World(train, held_out[:eval_size], decode, toy.reward or toy_reward, (TOY_EOS,), TOY_PAD,
+                 max_new_tokens or toy.max_new_tokens or max(len(a) for _, a in rows) + 1 + 8)
 
 
 def toy_model_config(args, world):
@@ -612,6 +635,8 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
         opt.step()
         average.update_parameters(model)
         if step == next_check:
+            # Teacher forcing checks the whole answer in one pass: the greedy reward (chain, whose reward reads
+            # only the final answer: every total right too, so the base's greedy reward is at least this).
             accuracy = teacher_forced_accuracy(average.module, world.eval)
             if accuracy >= target:
                 break
@@ -637,11 +662,12 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
 def make_policy(args, device):
     """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
     if args.model is None:
-        world = toy_world(args.task, args.eval_size, args.max_new_tokens)
+        world = toy_world(args.task, args.eval_size, args.max_new_tokens, args.chain_length)
         world.reward = load_reward(args.reward) if args.reward else world.reward
         cfg = toy_model_config(args, world)
         # The warm start stops on all 500 held-out prompts whatever --eval-size: one base fits all.
-        model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens), cfg, TASKS[args.task])
+        model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens, args.chain_length), cfg,
+                                 TASKS[args.task])
         print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
               f"warm-started base: {path}")
         return training_mode(model.to(device), args.gradient_checkpointing), world
@@ -1170,6 +1196,8 @@ def check_common_args(args, min_group_size=2):
     check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
                                      f"(--prompts-per-step x --group-size)")
     check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
+    check(0 < args.chain_length <= MAX_CHAIN_LENGTH,
+          f"--chain-length must be between 1 and {MAX_CHAIN_LENGTH}, got {args.chain_length}")
     check(args.n_experts > 0 and args.expert_hidden > 0, "--n-experts and --expert-hidden must be positive")
     check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")

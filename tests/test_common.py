@@ -119,6 +119,33 @@ def test_toy_reward_needs_the_exact_answer_and_eos():
     assert common.toy_reward("921", "92", True) == 0.0
 
 
+def test_chain_problems_write_every_running_total_then_the_answer():
+    rows = dict(common.chain_problems(3))
+    assert rows["123+7="] == "130,137,144=144" and rows["000+1="] == "001,002,003=003"
+    assert rows["972+9="] == "981,990,999=999" and "973+9=" not in rows            # every total under 1000
+    assert len(rows) == sum(1000 - 3 * d for d in range(1, 10)) == 8865
+    for n in (1, 10, 24, 110):                                     # 4 tokens a total, the answer's 3 and EOS
+        assert {len(a) + 1 for _, a in common.chain_problems(n)} == {4 * n + 4}
+    longest = dict(common.chain_problems(110))                     # step 9 stays under 1000 from 000-009 only
+    assert [p for p in longest if p.endswith("+9=")] == [f"{a:03d}+9=" for a in range(10)]
+    assert longest["009+9="].endswith(",990,999=999")
+    world = common.toy_world("chain", 16, None, 2)
+    assert world.reward is common.chain_reward and world.max_new_tokens == 12 + 8   # the longest answer, EOS, 8 spare
+    prompt, answer = world.eval[0]
+    a, d = int(world.decode(prompt.tolist())[:3]), int(world.decode(prompt.tolist())[4])
+    assert answer == f"{a + d:03d},{a + 2 * d:03d}={a + 2 * d:03d}"
+
+
+def test_chain_reward_reads_only_the_final_answer():
+    answer = "130,137,144=144"
+    assert common.chain_reward(answer, answer, True) == 1.0
+    assert common.chain_reward("130,999,144=144", answer, True) == 1.0   # the chain earns nothing
+    assert common.chain_reward("=144", answer, True) == 1.0
+    assert common.chain_reward(answer, answer, False) == 0.0             # no EOS
+    for wrong in ("130,137,144=145", "130,137,144=1440", "130,137,144=144=144", "130,137,144", "144", ""):
+        assert common.chain_reward(wrong, answer, True) == 0.0, wrong
+
+
 def test_rewards_of_scores_each_completion_against_its_own_prompts_answer():
     # 2 prompts x 3 completions: rows 0-2 answer prompt 0, rows 3-5 prompt 1 (i // G, not i % P).
     calls = []

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_NO_STEPS, read_metrics, run
+from conftest import CHAIN, TINIER, TINY_NO_STEPS, read_metrics, run
 
 import common
 import dapo
 import grpo
 import gspo
 import moe_model
+import ppo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -294,3 +295,16 @@ def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script,
     for r in read_metrics(tmp_path)[1:]:
         assert r["clip_frac"] == 0.0 and r["approx_kl"] == 0.0 and r["routing_drift"] == 0.0
         assert r["entropy"] > 0 and r["token_ratio_var"] == 0.0
+
+
+@pytest.mark.slow    # the first run builds the chain base: minutes on a busy machine, then cached
+@pytest.mark.parametrize("script", [grpo, gspo, dapo, ppo])
+def test_every_script_runs_the_chain_task_with_diagnostics_by_position(tmp_path, script):
+    script.main(CHAIN + TINIER + ["--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2] and 0 <= rows[0]["eval_accuracy"] <= 1
+    for r in rows[1:]:
+        assert 1 <= r["response_len_mean"] <= 8 + 8                  # '130=130' and EOS: 8 tokens, 8 spare
+        for key in ("clip_frac_q1", "clip_frac_q4", "token_ratio_var_q1", "token_ratio_var_q4", "routing_drift_q1",
+                    "routing_drift_q4") + (("explained_variance_q1", "explained_variance_q4") if script is ppo else ()):
+            assert r[key] is not None and math.isfinite(r[key]), key
