@@ -463,19 +463,28 @@ def fell(evals, drop=0.10):
 
 
 def lr_results(runs):
-    """{(model, arm): {lr multiple: (final accuracies over seeds, how many fell, how many stopped)}}, and each
-    model's base. A stopped run's final accuracy is its last evaluation."""
+    """{(model, arm): {lr multiple: (final accuracies of the seeds that ran to the end, how many of them fell,
+    [(step, sampled accuracy) where each other seed stopped])}}, and each model's base."""
     out, bases = {}, {}
     for model in MODELS:
         for arm, _, _ in ARMS:
             for k in LR_TIMES:
-                evals = [[(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r]
-                         for rs in runs.get(f"{arm} lr x{k} {model}", [])]
-                if evals:
-                    stops = sum(rs[-1].get("stopped", False) for rs in runs[f"{arm} lr x{k} {model}"])
-                    out.setdefault((model, arm), {})[k] = ([e[-1][1] for e in evals], sum(map(fell, evals)), stops)
-                    bases.setdefault(model, []).extend(e[0][1] for e in evals)
+                seeds = runs.get(f"{arm} lr x{k} {model}", [])
+                ended = [[(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r]
+                         for rs in seeds if not rs[-1].get("stopped")]
+                stops = [(rs[-1]["step"], sampled_accuracy(rs[-1])) for rs in seeds if rs[-1].get("stopped")]
+                if seeds:
+                    out.setdefault((model, arm), {})[k] = ([e[-1][1] for e in ended], sum(map(fell, ended)), stops)
+                    bases.setdefault(model, []).extend(rs[0]["eval_accuracy"] for rs in seeds)
     return out, {model: statistics.mean(b) for model, b in bases.items()}
+
+
+def lr_cell(finals, fallen, stops):
+    text = f"{mean_std(finals)}, {fallen}/{len(finals)} fell" if finals else ""
+    if stops:
+        text += ("; " if text else "") + (f"{len(stops)} stopped at step {'/'.join(str(s) for s, _ in stops)} "
+                                          f"(sampled acc {'/'.join(f'{a:.2f}' for _, a in stops)})")
+    return text
 
 
 def lr_table(runs):
@@ -483,8 +492,7 @@ def lr_table(runs):
     header = ["model", "run"] + [f"lr x{k} ({DEFAULT_LR * k:g})" for k in LR_TIMES]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for (model, arm), by_lr in results.items():
-        cells = [f"{mean_std(by_lr[k][0])}, {by_lr[k][1]}/{len(by_lr[k][0])} fell"
-                 + (f", {by_lr[k][2]} stopped" if by_lr[k][2] else "") if k in by_lr else "—" for k in LR_TIMES]
+        cells = [lr_cell(*by_lr[k]) if k in by_lr else "—" for k in LR_TIMES]
         lines.append("| " + " | ".join([f"{model} (base {bases[model]:.3f})", arm] + cells) + " |")
     return lines
 
@@ -498,7 +506,7 @@ def lr_figure(runs, path):
     for ax, model in zip(axes, MODELS):
         for (m, arm), by_lr in results.items():
             if m == model:
-                ks = sorted(by_lr)
+                ks = sorted(k for k in by_lr if by_lr[k][0])          # runs that stopped have no final
                 finals = [by_lr[k][0] for k in ks]
                 ax.errorbar([DEFAULT_LR * k for k in ks], [statistics.mean(f) for f in finals],
                             yerr=[statistics.stdev(f) if len(f) > 1 else 0.0 for f in finals], marker="o",
@@ -510,7 +518,7 @@ def lr_figure(runs, path):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("final greedy eval accuracy")
     axes[0].legend()
-    seeds = max((len(f[0]) for by_lr in results.values() for f in by_lr.values()), default=0)
+    seeds = max((len(f[0]) + len(f[2]) for by_lr in results.values() for f in by_lr.values()), default=0)
     fig.suptitle(f"lr: final accuracy, mean ± 1 std over {seeds} seeds; dashed: the base, dotted: 0.10 below it")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -549,8 +557,9 @@ def report(seeds, quick):
                       "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
                       "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
                       "one to the last), a criterion fixed before the runs. \"stopped\": dapo.py stops a run when "
-                      "no group of its 5 generation rounds has a reward signal left; its final is its last "
-                      "evaluation (every 1/12 of the run).", ""]
+                      "no group of its 5 generation rounds has a reward signal left (the step and the share of "
+                      "its samples that were right are given; such a run has no final and is left out of the "
+                      "figure).", ""]
             lines += lr_table(runs) + ["", "![lr](lr.png)", ""]
             lr_figure(runs, results / "lr.png")
             continue

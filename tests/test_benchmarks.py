@@ -181,19 +181,23 @@ def test_a_run_fell_when_it_dropped_more_than_a_tenth_below_its_base_and_stayed_
 
 
 def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_multiple():
-    run = lambda *accs: [{"step": 0, "eval_accuracy": accs[0]}] + [{"step": i, "eval_accuracy": a}
+    run = lambda *accs: [{"step": 0, "eval_accuracy": accs[0]}] + [{"step": i, "eval_accuracy": a, "accuracy": 0.3}
                                                                     for i, a in enumerate(accs[1:], 1)]
     runs = {"grpo lr x1 toy MoE": [run(0.4, 0.5, 0.6), run(0.4, 0.5, 0.8)],          # finals 0.6, 0.8
             "grpo lr x3 toy MoE": [run(0.4, 0.2, 0.1), run(0.4, 0.5, 0.5)],          # the first fell
-            "gspo lr x30 fine toy": [run(0.2, 0.0, 0.0)]}
-    runs["gspo lr x30 fine toy"][0][-1]["stopped"] = True                               # as collect() marks it
+            "dapo lr x30 fine toy": [run(0.2, 0.0, 0.0), run(0.2)[:1] + [{"step": 3, "accuracy": 0.5,
+                                                                          "sampled_accuracy": 0.0}]]}
+    runs["dapo lr x30 fine toy"][1][-1]["stopped"] = True                             # as collect() marks it
     results, bases = compare.lr_results(runs)
-    assert results[("toy MoE", "grpo")] == {1: ([0.6, 0.8], 0, 0), 3: ([0.1, 0.5], 1, 0)}
-    assert results[("fine toy", "gspo")] == {30: ([0.0], 1, 1)} and bases == {"toy MoE": 0.4, "fine toy": 0.2}
+    assert results[("toy MoE", "grpo")] == {1: ([0.6, 0.8], 0, []), 3: ([0.1, 0.5], 1, [])}
+    assert results[("fine toy", "dapo")] == {30: ([0.0], 1, [(3, 0.0)])}            # the policy's own samples
+    assert bases == {"toy MoE": 0.4, "fine toy": 0.2}
     lines = compare.lr_table(runs)
     assert lines[0] == "| model | run | lr x1 (0.0001) | lr x3 (0.0003) | lr x10 (0.001) | lr x30 (0.003) |"
     assert lines[2] == "| toy MoE (base 0.400) | grpo | 0.700 ± 0.141, 0/2 fell | 0.300 ± 0.283, 1/2 fell | — | — |"
-    assert lines[3] == "| fine toy (base 0.200) | gspo | — | — | — | 0.000, 1/1 fell, 1 stopped |"
+    assert lines[3] == ("| fine toy (base 0.200) | dapo | — | — | — | 0.000, 1/1 fell; 1 stopped at step 3 "
+                        "(sampled acc 0.00) |")
+    assert compare.lr_cell([], 0, [(2, 0.0), (5, 0.01)]) == "2 stopped at step 2/5 (sampled acc 0.00/0.01)"
 
 
 def test_lr_experiment_scales_every_scripts_own_default_lr_alike():
