@@ -1,9 +1,9 @@
 """Memory: what fits where, with no download. Qwen3 models of real width and vocabulary, built from their
-configs with random weights, on the README's example step, for grpo.py, dapo.py and ppo.py; the log-prob path's
-promise; grpo.py against TRL.
+configs with random weights, on the README's example step, for grpo.py, dapo.py and ppo.py, in full and with LoRA;
+the log-prob path's promise; grpo.py against TRL.
 
     python benchmarks/memory.py                         # measures what is missing, writes results/memory.md
-    python benchmarks/memory.py --only table            # measure only these parts: table, logprobs, trl
+    python benchmarks/memory.py --only table            # measure only these parts: table, lora, logprobs, trl
     python benchmarks/memory.py --report                # measure nothing: memory.md from the points kept
     python benchmarks/memory.py --device cuda --out benchmarks/results/memory-cuda.md
 
@@ -23,6 +23,9 @@ them again. The MoE's 2-layer points need about 16 GB of RAM (estimated from the
    MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set. dapo.py's and ppo.py's peaks are
    computed from the same parts (script_peaks). --device cuda measures each model at full depth with
    torch.cuda.max_memory_allocated, generation too.
+   lora: the same step with `--lora-r 16` on Qwen3-4B, Qwen3-8B and Qwen3-30B-A3B, measured the same way (needs
+   peft): the base frozen in bf16 as the scripts load it on CUDA, peft's fp32 adapters on every linear layer but
+   the head, AdamW on the adapters. (a) is then the bf16 base + the adapters' weights, grads and moments.
 2. logprobs: forward + backward of common.logprobs, 16 completions x 512 tokens, on a tiny Qwen3 with the
    151,936-token vocabulary, against the former full-logits path (measured at 2 and 4 completions).
 3. trl: whole-process peak resident memory of grpo.py and of TRL's GRPOTrainer (on CPU, fp32, whatever
@@ -50,8 +53,8 @@ import ppo  # noqa: E402
 GiB = 2**30
 PROMPT, COMPLETION, COMPLETIONS, MINIBATCHES = 150, 512, 64, 4      # the README's example step
 VOCAB, PAD, EOS = 151936, 151643, 151645                            # Qwen3's vocabulary, <|endoftext|>, <|im_end|>
-# From each model's config.json on the Hugging Face Hub (Qwen/Qwen3-0.6B, -1.7B, -4B, -30B-A3B); all have
-# head_dim 128 and the 151,936-token vocabulary.
+# From each model's config.json on the Hugging Face Hub (Qwen/Qwen3-0.6B, -1.7B, -4B, -30B-A3B; Qwen3-8B's written
+# from memory of Qwen/Qwen3-8B's config.json, not downloaded); all have head_dim 128 and the 151,936-token vocabulary.
 MODELS = {
     "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, tie_word_embeddings=True),
@@ -59,6 +62,8 @@ MODELS = {
                        num_key_value_heads=8, tie_word_embeddings=True),
     "Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=False),
     "Qwen3-30B-A3B": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, num_experts=128, num_experts_per_tok=8,
                           norm_topk_prob=True, tie_word_embeddings=False),
@@ -69,10 +74,17 @@ MODELS = {
 # layers each, and extrapolated in both.
 POINTS = {"Qwen3-0.6B": [(1, None), (2, None), (3, None), (4, None)], "Qwen3-1.7B": [(1, None), (2, None)],
           "Qwen3-4B": [(1, None), (2, None)], "Qwen3-30B-A3B": [(1, 8), (2, 8), (1, 16), (2, 16)]}
+# The same step with `--lora-r 16` (--lora-alpha 32, its default): the base frozen in bf16 (what the scripts load on
+# CUDA), fp32 adapters, AdamW on the adapters only. Qwen3-8B has LoRA points only: in full its weights, grads and
+# AdamW take 16 B x 8.2 B parameters = 122 GiB before any activation, and 26 GB at 2 layers, more than this RAM.
+LORA_R, LORA_ALPHA = 16, 32.0
+LORA_POINTS = {"Qwen3-4B": [(1, None), (2, None)], "Qwen3-8B": [(1, None), (2, None)],
+               "Qwen3-30B-A3B": [(1, 8), (2, 8), (1, 16), (2, 16)]}
 CHECKED = "Qwen3-0.6B"     # the cheapest model: the extrapolation's check, (b) over all 4 chunks, ppo.py's critic
 PARTS = ["a", "b", "c", "c_copies", "c_ckpt"]
 # Cards as marketed, in decimal gigabytes, and the GiB that every figure here is in: 80 GB is 74.51 GiB.
-CARDS, CUDA_CONTEXT = {"24 GB": 24e9 / GiB, "40 GB": 40e9 / GiB, "80 GB": 80e9 / GiB}, 0.5
+CARDS = {"24 GB": 24e9 / GiB, "40 GB": 40e9 / GiB, "80 GB": 80e9 / GiB, "141 GB": 141e9 / GiB}     # 141: the H200
+CUDA_CONTEXT = 0.5
 # dapo.py holds the token ids of up to --max-generation-rounds (5) rounds of 64 completions at once (the rounds'
 # kept groups, then their concatenation): tokens and attention mask (int64), the loss mask and the sampling entropy
 # (fp32) and `finished` (bool), per completion.
@@ -129,11 +141,13 @@ def peak_extra(device, fn):
 
 def update(model, batch, kept):
     """One minibatch of the update: log-probs, a loss, backward. Records in `kept` the bf16 tensors of a
-    weight's size that autograd saves for the backward: autocast's bf16 copies of the weights."""
+    weight's size that autograd saves for the backward: autocast's bf16 copies of the weights (with LoRA: of the
+    adapters, and peft's W + B A of an MoE's fused experts), not a bf16 weight itself."""
     sizes = {p.numel() for p in model.parameters()}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t):
-        if t.dtype == torch.bfloat16 and t.numel() in sizes:
+        if t.dtype == torch.bfloat16 and t.numel() in sizes and t.untyped_storage().data_ptr() not in weights:
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):    # checkpointed regions use their own hooks
@@ -148,22 +162,30 @@ def critic_update(critic, batch):
     ppo.value_loss(values, torch.zeros_like(values), torch.rand_like(values), batch.mask).backward()
 
 
-def measure(name, layers, experts, device):
-    """Parts (a), (b), (c) of one step, in bytes, on the model `name` cut to `layers` layers (and `experts`)."""
+def measure(name, layers, experts, device, lora=False):
+    """Parts (a), (b), (c) of one step, in bytes, on the model `name` cut to `layers` layers (and `experts`). With
+    `lora`, as `--lora-r 16` on CUDA: the base frozen in bf16, peft's fp32 adapters, the only parameters trained."""
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM  # noqa: F401 (imported
     if device == "cpu":                  # before part a); CUDA's setting: bf16 autocast over fp32 master weights
         common.autocast = lambda device: torch.autocast("cpu", dtype=torch.bfloat16)
+    if lora:
+        import peft  # noqa: F401 (imported before part a)
     torch.manual_seed(0)
     base = memory_now(device)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config(name, layers, experts))
-    model = common.training_mode(common.watch_routers(model), False)      # as common.load_hf and make_policy
+    with torch.device(device):         # with LoRA the checkpoint's dtype, bf16, as common.make_policy loads it
+        model = AutoModelForCausalLM.from_config(config(name, layers, experts),
+                                                 dtype=torch.bfloat16 if lora else torch.float32)
+    model = common.watch_routers(model)                                  # as common.load_hf and make_policy
+    if lora:
+        model = common.add_lora(model, common.lora_config(argparse.Namespace(lora_r=LORA_R, lora_alpha=LORA_ALPHA)), 0)
+    model = common.training_mode(model, False)
+    trained = common.trainable(model)
     # AdamW's moments appear at its first step: a step on zero gradients allocates what a real one does.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0, fused=True)   # as grpo.py
-    for p in model.parameters():
+    optimizer = torch.optim.AdamW(trained, lr=1e-6, weight_decay=0.0, fused=True)   # as grpo.py
+    for p in trained:
         p.grad = torch.zeros_like(p)
     optimizer.step()
-    out = {"params": n_params(model), "a": memory_now(device) - base}
+    out = {"params": n_params(model), "trained": sum(p.numel() for p in trained), "a": memory_now(device) - base}
     # (b) and (c) are measured above the level before them, and AdamW's moments take no part in them: freed,
     # so that the largest models here fit 24 GB of RAM. The gradients stay (see below).
     del optimizer
@@ -178,19 +200,24 @@ def measure(name, layers, experts, device):
     # The old-log-prob pass runs its 4 chunks one after another and frees each, so on CPU one chunk shows its
     # peak at a quarter of the time (checked against the whole pass on the cheapest model).
     rows, chunks = (COMPLETIONS, MINIBATCHES) if device == "cuda" else (COMPLETIONS // MINIBATCHES, 1)
+    if lora:   # With LoRA on the MoE a first pass peaked higher per layer at 16 experts than at 8 (CPU), a second
+        # did not: one-time allocations, past in the scripts, whose pass comes after generation ran every layer.
+        out["b_first"] = peak_extra(device, lambda: common.fixed_logprobs(model, WORLD, rollout[:rows], 1.0, chunks))
     out["b"] = peak_extra(device, lambda: common.fixed_logprobs(model, WORLD, rollout[:rows], 1.0, chunks))
     if device == "cpu" and name == CHECKED:
         out["b_whole"] = peak_extra(device, lambda: common.fixed_logprobs(model, WORLD, rollout, 1.0, MINIBATCHES))
     for part, checkpointing in (("c", False), ("c_ckpt", True)):
         # The gradients stay allocated (zeroed in place), so (a) + (c) bounds grpo.py's loop, which frees
         # them before each backward and allocates them as the activations are freed.
-        for p in model.parameters():
+        for p in trained:
             p.grad.zero_()
         common.training_mode(model, checkpointing)
         kept = {}
         out[part] = peak_extra(device, lambda: update(model, minibatch, kept))
         out[part + "_copies"] = sum(kept.values())
-    if name == CHECKED:
+        if lora:                # the adapters got a gradient through the frozen base (B's: A's is 0 while B = 0)
+            assert any(p.grad.count_nonzero() for p in trained), "no gradient reached the adapters"
+    if name == CHECKED and not lora:
         # ppo.py's critic, as ppo.make_critic builds it from this policy (checkpointing on since (c_ckpt), and
         # kept by the copy, as in ppo.py): its value pass and its update, which table() takes to be bounded by
         # the policy's (b) and (c) (the same trunk, a scalar head instead of the vocabulary's). Checked here.
@@ -242,10 +269,10 @@ def run_child(spec):
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def model_point(name, layers, experts, device, measure_missing=True, rerun=False):
-    key = f"{name}-{layers}-layers" + (f"-{experts}-experts" if experts else "") + ("" if device == "cpu" else
-                                                                                  f"-{device}")
-    return point(key, lambda: run_child({"measure": [name, layers, experts, device]}) | {"device": device},
+def model_point(name, layers, experts, device, measure_missing=True, rerun=False, lora=False):
+    key = (f"{name}-{layers}-layers" + (f"-{experts}-experts" if experts else "") + ("-lora" if lora else "") +
+           ("" if device == "cpu" else f"-{device}"))
+    return point(key, lambda: run_child({"measure": [name, layers, experts, device, lora]}) | {"device": device},
                  measure_missing, rerun)
 
 
@@ -288,26 +315,30 @@ def fits(peak):
                      for card, size in CARDS.items())
 
 
-def script_peaks(a, gen, b, c, params, critic_params, routing=0.0):
+def script_peaks(a, gen, b, c, params, critic_params, routing=0.0, lora=False):
     """The peak of one step of each script, from the policy's parts (c: its update, with or without checkpointing):
     what stays allocated through the whole step + the largest of the phases, which run one after another and free
-    what they allocate. `routing`: what an MoE's recorded experts add to the update (the same in every script)."""
+    what they allocate. `routing`: what an MoE's recorded experts add to the update (the same in every script).
+    With `lora` the reference is the policy with its adapters off, no copy, and `critic_params` what the critic
+    trains: its own adapters and value head, fp32 with grads and AdamW (16 B each), on the policy's frozen base."""
     phase = max(gen, b, c)
     held = a + routing
-    reference = 4 * params / GiB                          # a frozen fp32 copy: weights, no gradients or moments
+    reference = 0.0 if lora else 4 * params / GiB         # a frozen fp32 copy: weights, no gradients or moments
     return {"grpo.py": held + phase,                      # its default --beta 0 builds no reference
             "dapo.py": held + DAPO_KEPT + phase,          # the same passes on the same shapes, no reference
             "grpo.py --beta 0.04": held + reference + phase,   # + its reference's log-prob pass: (b) again
             # + the critic: the policy's bytes per parameter (weights, gradients, AdamW); its value pass and its
             # update are the policy's trunk with a scalar head, so no larger than (b) and (c) (checked below)
-            "ppo.py": held + a * critic_params / params + reference + phase}
+            "ppo.py": held + (16 * critic_params / GiB if lora else a * critic_params / params) + reference + phase}
 
 
-def table(device, measure_missing, rerun):
-    """The parts table, the scripts' peaks, the measured points and the check, as markdown lines."""
+def table(device, measure_missing, rerun, lora=False):
+    """The parts table, the scripts' peaks, the measured points and the check, as markdown lines; with `lora`, those
+    of `--lora-r 16` (LORA_POINTS)."""
     from transformers import AutoModelForCausalLM
     g = lambda x: f"{x:.2f}"
-    parts = ["| model | parameters | measured at → extrapolated to | (a) weights + grads + AdamW | generation: bf16 "
+    what_a = "bf16 base + fp32 adapters, their grads + AdamW" if lora else "weights + grads + AdamW"
+    parts = [f"| model | parameters | measured at → extrapolated to | (a) {what_a} | generation: bf16 "
              "weight copies + KV cache | (b) old log-probs | (c) update | (c) with checkpointing |",
              "|" + " --- |" * 8]
     peaks = ["| model | script | held through the step | peak | fits | peak, checkpointing | fits, checkpointing |",
@@ -315,17 +346,19 @@ def table(device, measure_missing, rerun):
     raw = ["| model | layers | experts | parameters | (a) | (a) / parameter | (b) | (c) | bf16 copies kept | "
            "(c) with checkpointing | seconds |", "|" + " --- |" * 11]
     check = []
-    for name, shape in MODELS.items():
+    for name, todo in (LORA_POINTS if lora else POINTS).items():
+        shape = MODELS[name]
         with torch.device("meta"):                    # the full model's size and its critic's, nothing allocated
             model = AutoModelForCausalLM.from_config(config(name))
             params, critic_params = n_params(model), n_params(ppo.make_critic(model))
         depth, experts = shape["num_hidden_layers"], shape.get("num_experts")
-        todo = [(depth, experts)] if device == "cuda" else POINTS[name]
-        if device == "cuda" and 16 * params > torch.cuda.get_device_properties(0).total_memory:
-            parts.append(f"| {name} | {params / 1e9:.2f} B | {g(16 * params / GiB)} (16 B/param): more than this "
-                         "card |" + " |" * 5)
+        todo = [(depth, experts)] if device == "cuda" else todo
+        per_param = 2 if lora else 16                 # bytes a parameter that (a) takes at the least
+        if device == "cuda" and per_param * params > torch.cuda.get_device_properties(0).total_memory:
+            parts.append(f"| {name} | {params / 1e9:.2f} B | {g(per_param * params / GiB)} ({per_param} B/param): "
+                         "more than this card |" + " |" * 5)
             continue
-        got = {(l, e): model_point(name, l, e, device, measure_missing, rerun) for l, e in todo}
+        got = {(l, e): model_point(name, l, e, device, measure_missing, rerun, lora) for l, e in todo}
         # The row needs the points its line runs through; the check (3 and 4 layers) only the check.
         missing = [f"{l} layer{'s' * (l > 1)}" + (f", {e} experts" if e else "") for (l, e), r in got.items()
                    if not r and (l <= 2 or device == "cuda")]
@@ -335,14 +368,16 @@ def table(device, measure_missing, rerun):
             parts.append(f"| {name} | {params / 1e9:.2f} B | {why} |" + " |" * 5)
             peaks.append(f"| {name} | all | {why} |" + " |" * 4)
             continue
-        points = {k: {key: v / GiB if key in PARTS + ["b_whole"] else v for key, v in r.items()}
+        points = {k: {key: v / GiB if key in PARTS + ["b_whole", "b_first"] else v for key, v in r.items()}
                   for k, r in got.items() if r}
         for (layers, e), r in points.items():
-            whole = f" (whole pass: {g(r['b_whole'])})" if "b_whole" in r else ""
-            raw.append(f"| {name} | {layers} | {e or '—'} | {r['params'] / 1e6:.0f} M | {g(r['a'])} | "
+            whole = (f" (whole pass: {g(r['b_whole'])})" if "b_whole" in r else
+                     f" (first pass: {g(r['b_first'])})" if "b_first" in r else "")
+            trained = f" ({r['trained'] / 1e6:.1f} M trained)" if lora else ""
+            raw.append(f"| {name} | {layers} | {e or '—'} | {r['params'] / 1e6:.0f} M{trained} | {g(r['a'])} | "
                        f"{r['a'] * GiB / r['params']:.2f} B | {g(r['b'])}{whole} | {g(r['c'])} | {g(r['c_copies'])} "
                        f"| {g(r['c_ckpt'])} | {r['seconds']} |")
-        est = {part: estimate(points, part, depth, experts) for part in PARTS}
+        est = {part: estimate(points, part, depth, experts) for part in PARTS + ["trained"] * lora}
         if device == "cpu":
             layer = {k: estimate(points, k, 2, experts) - estimate(points, k, 1, experts) for k in PARTS + ["params"]}
             tokens = COMPLETIONS // MINIBATCHES * (PROMPT + COMPLETION - 1)     # the trunk's positions per minibatch
@@ -353,10 +388,16 @@ def table(device, measure_missing, rerun):
                        f"{g(layer['c_ckpt'])}{per_token('c_ckpt')} | |")
         # Generation keeps autocast's bf16 copies of the weights it casts (one autocast context for the whole
         # generation, common.sampling_mode): those the update keeps for its backward, and the vocabulary head's;
-        # and the KV cache of 64 x 662 positions, in the dtypes measured.
+        # and the KV cache of 64 x 662 positions, in the dtypes measured. With LoRA the frozen weights are bf16
+        # already: autocast copies the fp32 adapters, all but an MoE's experts' (those of 0 experts, on the line
+        # through 8 and 16), which peft casts itself for W + B A, made and freed layer by layer.
         first = next(iter(points.values()))
         kv = COMPLETIONS * (PROMPT + COMPLETION) * depth * shape["num_key_value_heads"] * 128 * first["kv_bytes"] / GiB
-        copies = est["c_copies"] + 2 * VOCAB * shape["hidden_size"] / GiB
+        if lora:
+            copies = 2 * (estimate(points, "trained", depth, 0) + (
+                3 * experts * shape["hidden_size"] * shape["moe_intermediate_size"] if experts else 0)) / GiB
+        else:
+            copies = est["c_copies"] + 2 * VOCAB * shape["hidden_size"] / GiB
         gen = first["gen"] / GiB if device == "cuda" else copies + kv
         span = (f"{depth} layers, measured" if device == "cuda" else f"1, 2 → {depth} layers ({depth // 2}×)" +
                 (f"; 8, 16 → {experts} experts" if experts else ""))
@@ -367,7 +408,9 @@ def table(device, measure_missing, rerun):
         # during it each minibatch's twice (the rows taken out for replay, and the update's own).
         routing = (depth * (COMPLETIONS + 2 * COMPLETIONS // MINIBATCHES) * (PROMPT + COMPLETION - 1) *
                    shape["num_experts_per_tok"] * 8 / GiB if experts else 0.0)
-        plain, ckpt = (script_peaks(est["a"], gen, est["b"], est[c], params, critic_params, routing)
+        if lora:                # the critic trains its own adapters and a value head (hidden + 1) on the shared base
+            critic_params = est["trained"] + shape["hidden_size"] + 1
+        plain, ckpt = (script_peaks(est["a"], gen, est["b"], est[c], params, critic_params, routing, lora)
                        for c in ("c", "c_ckpt"))
         for script in plain:
             held = plain[script] - max(gen, est["b"], est["c"])
@@ -483,8 +526,8 @@ peaks are computed from them:
 
 Fits, per card: the peak + 0.5 GiB of CUDA context within 90% of the card (the rest for the allocator's
 fragmentation): yes; within the card: tight; else no. Cards by their marketed size read as decimal gigabytes, in
-GiB: 24 GB = 22.35, 40 GB = 37.25, 80 GB = 74.51 (a conversion of the marketed figure, not what a card's driver
-reports, which differs from card to card)."""
+GiB: 24 GB = 22.35, 40 GB = 37.25, 80 GB = 74.51, 141 GB (the H200) = 131.32 (a conversion of the marketed figure,
+not what a card's driver reports, which differs from card to card)."""
 
 FINDINGS = """\
 What the measurements show (the slope rows above):
@@ -516,6 +559,58 @@ take transformers' fp32 grouped_mm path on both, unless a hub kernel replaces it
 them. (5) Generation was estimated, not measured: the KV cache grows by concatenation, one layer at a time, so the
 estimate misses at most one layer's cache, and the prefill over 64 x 150 tokens adds one layer's activations."""
 
+
+LORA_NOTES = """\
+All figures in GiB, **estimates** made as above (CPU, bf16 autocast, 1 and 2 layers measured in fresh processes and
+extrapolated; the MoE also at 8 and 16 experts; nothing ran on a GPU). What differs from full fine-tuning, as
+`common.make_policy` does it with `--lora-r`:
+
+- The base is built in bf16 and frozen (requires_grad False): on CUDA the scripts load it in the checkpoint's dtype,
+  bf16 for these models (on a CPU they load fp32, not measured here). peft's LoRA, r 16, alpha 32, no dropout, on
+  every linear layer but the vocabulary head (`target_modules="all-linear"`), the adapters in fp32 (peft's
+  autocast_adapter_dtype); AdamW (fused) on the adapters only. So (a) is 2 B per base parameter + 16 B per adapter
+  parameter (weights, gradients, two moments).
+- Under autocast the bf16 weights need no bf16 copies: autocast copies only the fp32 adapters. The residual stream is
+  bf16 (the embedding is), not fp32 as with fp32 weights, and the keys leave the bf16 q/k norm in bf16: 4 bytes a
+  key-value pair in the KV cache (measured), not 6.
+- The reference (grpo.py --beta > 0, ppo.py) is the policy with its adapters off: no copy; its log-prob pass is (b)
+  again. ppo.py's critic is its own adapters and a value head (hidden + 1 parameters), 16 B each, on the policy's
+  frozen base, shared, not copied; its passes are taken to be no larger than (b) and (c), as above (checked in full
+  fine-tuning on Qwen3-0.6B, not with LoRA). dapo.py adds what it adds above.
+- Generation (estimated, not run): the KV cache + autocast's bf16 copies of the adapters (2 B each; not of the MoE
+  experts' adapters, which peft casts itself at every forward) + for the MoE one layer's W + B A (below), made and
+  freed layer by layer.
+- What peft adapts in a Qwen3-MoE layer (peft 0.21.2, transformers 5.24.0, listed from a tiny Qwen3-MoE wrapped as
+  the scripts wrap it): the attention's q/k/v/o_proj (nn.Linear: peft's lora.Linear); the router, `mlp.gate`, a
+  Qwen3MoeTopKRouter holding a [experts, hidden] weight, not an nn.Linear, through peft's ParamWrapper around that
+  weight; and the experts, `mlp.experts`, which in this transformers are not nn.Linear modules but two fused 3-D
+  parameters, gate_up_proj [experts, 2 x 768, 2048] and down_proj [experts, 2048, 768], each through a ParamWrapper
+  with its own rank per expert (A [rank x experts, in], B [out, rank x experts]): 16 for down_proj, 32 for
+  gate_up_proj (peft's preset for Qwen3-MoE gives the fused gate and up projections twice r and twice alpha): 20.4 M
+  of a layer's 20.8 M adapter parameters at 128 experts, 1.0 B over 48 layers (14.9 GiB with their gradients and
+  AdamW moments). Frozen: the embedding, the RMSNorms (input, post-attention, q and k, final) and the
+  vocabulary head. At every forward peft computes W + B A for each fused expert weight, in the weight's dtype (one
+  baddbmm: a new bf16 tensor the size of the layer's experts), and the experts' matmuls keep it for the backward:
+  "bf16 copies kept" in the points table, 3 x 128 x 2048 x 768 x 2 B = 1.125 GiB a layer at 128 experts, 54 GiB over
+  48 layers without checkpointing; with it, one layer's at a time.
+- (b) was measured on a second pass, after a first (in brackets in the points table): on the MoE the first pass
+  peaked higher per layer at 16 experts than at 8 (by 16 MiB a layer: extrapolated to 128 experts and 48 layers,
+  16.4 GiB against the second pass's 4.4), the second did not, and nothing stayed allocated after either: one-time
+  allocations of a layer's first run on CPU, past in the scripts, whose old-log-prob pass comes after generation
+  ran every layer."""
+
+LORA_FINDINGS = """\
+What the LoRA measurements show (the slope rows above):
+- (a): 2.1 B a parameter on the dense models (the bf16 base, + 16 B for each of their 33 M and 44 M adapter
+  parameters), 2.5 B on the MoE, whose experts' adapters make 1.0 B parameters (14.9 GiB of its 71.8).
+- Without checkpointing the update keeps nearly what full fine-tuning keeps, 175 KiB a token and layer at Qwen3-4B's
+  width (210 in full): the base is frozen, but the gradient must reach the adapters of every layer below, so every
+  layer's activations stay; what LoRA saves is the fp32 residual stream and autocast's weight copies. (c) is 64 GiB
+  at 4B and 83 GiB at 8B; with checkpointing 4.35 and 6.2 GiB (a layer keeps its bf16 input, 5 and 8 KiB a token).
+- On the MoE without checkpointing every layer also keeps peft's W + B A of its experts, 1.16 GiB a layer at 128
+  experts ("bf16 copies kept"), 56 GiB of (c)'s 148; with checkpointing only the layer being recomputed holds it.
+- With `--gradient-checkpointing` the largest phase is generation on Qwen3-4B (its KV cache, 5.8 GiB) and the
+  update on Qwen3-8B and the MoE: each peak is the bf16 base + the adapters' state + about 6 GiB."""
 
 # ---------------------------------------------------------------------------------------------------
 # The log-prob path: chunked head against the full logits
@@ -683,7 +778,7 @@ def trl_lines(tmp, measure_missing, rerun):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--only", default="table,logprobs,trl", help="parts to measure, comma-separated; the "
+    parser.add_argument("--only", default="table,lora,logprobs,trl", help="parts to measure, comma-separated; the "
                         "others are written from their points kept")
     parser.add_argument("--report", action="store_true", help="measure nothing: write the file from the points kept")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.md"))
@@ -697,9 +792,9 @@ def main(argv=None):
     if args.trl_child:
         return trl_run(args.trl_child[0], args.trl_child[1] == "1")
     parts = args.only.split(",")
-    unknown = set(parts) - {"table", "logprobs", "trl"}
+    unknown = set(parts) - {"table", "lora", "logprobs", "trl"}
     if unknown:
-        parser.error(f"--only: unknown part {', '.join(sorted(unknown))} (parts: table, logprobs, trl)")
+        parser.error(f"--only: unknown part {', '.join(sorted(unknown))} (parts: table, lora, logprobs, trl)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     todo = lambda part: part in parts and not args.report
@@ -716,6 +811,15 @@ def main(argv=None):
                   "", *raw, "", *(FINDINGS.split("\n") if args.device == "cpu" else []), "", *CAVEATS.split("\n"), ""]
         if check:
             lines += ["## The check: Qwen3-0.6B at 3 and 4 layers", "", *check, ""]
+        main_lines, peaks, raw, _ = table(args.device, todo("lora"), args.rerun, lora=True)
+        lines += ["## The same step with LoRA: `--lora-r 16`", "",
+                  "`python grpo.py --model Qwen/Qwen3-8B --data train.jsonl --max-new-tokens 512 --prompts-per-step 8 "
+                  "--group-size 8 --lora-r 16` (--lora-alpha 32, --minibatches 4): the same 64 completions, the base "
+                  "frozen in bf16, fp32 adapters, AdamW on the adapters only. The parts of its step:", "", *main_lines,
+                  "", *(LORA_NOTES.split("\n") if args.device == "cpu" else []), "",
+                  "### Each script's peak with LoRA", "", *peaks, "",
+                  "### Measured points with LoRA" + (" and the slope per layer" if args.device == "cpu" else ""),
+                  "", *raw, "", *(LORA_FINDINGS.split("\n") if args.device == "cpu" else []), ""]
         lines += ["## The log-prob path", "", *logprob_lines(args.device, todo("logprobs"), args.rerun), "",
                   "## grpo.py vs TRL's GRPOTrainer, peak memory at equal work", "",
                   *trl_lines(tmp, todo("trl"), args.rerun), ""]

@@ -117,14 +117,17 @@ def test_memory_extrapolates_along_the_line_through_one_and_two_layers():
 
 
 def test_memory_cards_are_in_gib_and_fits_keeps_a_tenth_of_the_card_and_the_cuda_context():
-    assert [round(size, 2) for size in memory.CARDS.values()] == [22.35, 37.25, 74.51]   # 24e9 / 2^30, ...
+    assert [round(size, 2) for size in memory.CARDS.values()] == [22.35, 37.25, 74.51, 131.32]   # 24e9 / 2^30, ...
     # 24 GB: 90% is 20.12 GiB; with the 0.5 GiB context a peak of 19.6 fits in it, 19.7 only in the card, 21.9 not.
-    assert memory.fits(19.6) == "24 GB: yes, 40 GB: yes, 80 GB: yes"
-    assert memory.fits(19.7) == "24 GB: tight, 40 GB: yes, 80 GB: yes"
-    assert memory.fits(21.9) == "24 GB: no, 40 GB: yes, 80 GB: yes"
-    assert memory.fits(33.1) == "24 GB: no, 40 GB: tight, 80 GB: yes"        # 33.6 > 0.9 x 37.25 = 33.53
-    assert memory.fits(66.5) == "24 GB: no, 40 GB: no, 80 GB: yes"           # 67.0 <= 0.9 x 74.51 = 67.06
-    assert memory.fits(74.1) == "24 GB: no, 40 GB: no, 80 GB: no"            # 74.6 > 74.51: not even tight
+    assert memory.fits(19.6) == "24 GB: yes, 40 GB: yes, 80 GB: yes, 141 GB: yes"
+    assert memory.fits(19.7) == "24 GB: tight, 40 GB: yes, 80 GB: yes, 141 GB: yes"
+    assert memory.fits(21.9) == "24 GB: no, 40 GB: yes, 80 GB: yes, 141 GB: yes"
+    assert memory.fits(33.1) == "24 GB: no, 40 GB: tight, 80 GB: yes, 141 GB: yes"   # 33.6 > 0.9 x 37.25 = 33.53
+    assert memory.fits(66.5) == "24 GB: no, 40 GB: no, 80 GB: yes, 141 GB: yes"      # 67.0 <= 0.9 x 74.51 = 67.06
+    assert memory.fits(74.1) == "24 GB: no, 40 GB: no, 80 GB: no, 141 GB: yes"       # 74.6 > 74.51: not even tight
+    # 141 GB (the H200): 131.32 GiB, 90% 118.18; 117.6 + 0.5 fits in that, 117.7 + 0.5 only in the card, 130.9 not.
+    assert memory.fits(117.6).endswith("141 GB: yes") and memory.fits(117.7).endswith("141 GB: tight")
+    assert memory.fits(130.8).endswith("141 GB: tight") and memory.fits(130.9).endswith("141 GB: no")
 
 
 def test_memory_script_peaks_add_what_each_script_holds_to_the_largest_phase():
@@ -138,6 +141,10 @@ def test_memory_script_peaks_add_what_each_script_holds_to_the_largest_phase():
     assert memory.script_peaks(16.0, 5.0, 2.0, 3.0, 2**30, 2**29)["grpo.py"] == 21.0   # generation is the largest
     moe = memory.script_peaks(16.0, 5.0, 2.0, 10.0, 2**30, 2**29, routing=0.5)   # an MoE's recorded experts
     assert [moe[s] - peaks[s] for s in peaks] == [0.5] * 4
+    # LoRA: (a) 3 GiB (a bf16 base and its adapters); the reference is the policy with its adapters off, no copy, and
+    # the critic trains 2^26 parameters of its own (adapters and value head) at 16 B each: 1 GiB, on the shared base.
+    lora = memory.script_peaks(3.0, 5.0, 2.0, 10.0, 2**30, 2**26, lora=True)
+    assert lora["grpo.py"] == 13.0 and lora["grpo.py --beta 0.04"] == 13.0 and lora["ppo.py"] == 14.0
 
 
 def test_memory_critic_has_the_policy_trunk_and_a_scalar_head():
