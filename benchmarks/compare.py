@@ -2,7 +2,7 @@
 
     python benchmarks/compare.py            # the full study, 72 runs: about 2 hours on 2 CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
-    python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, about an hour
+    python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
     python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs
 
@@ -23,7 +23,8 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
           by 3 so that they matter), built here, with a partial-credit reward (digits in place)
   lr      ppo, grpo, grpo + replay, gspo and dapo at 1, 3, 10 and 30 times the default --lr, on the toy MoE
           and the fine toy: final accuracy and which seeds fell (`fell`); one table, one figure (not in the
-          default run: --only lr, about an hour)
+          default run: --only lr; on 2 cores shared with other work the toy MoE's 60 runs took ~50 min, the
+          fine toy's ~2 h)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
@@ -343,12 +344,15 @@ def sampled_key(name):
 
 
 def collect(name, seeds, quick):
-    """{label: [metrics rows of each finished seed]} for one experiment."""
+    """{label: [metrics rows of each finished seed]} for one experiment (a run cut short is left out: it runs
+    again next time)."""
     found = {}
-    for label, _, _ in EXPERIMENTS[name][3]:
-        outs = [run_dir(name, label, seed, quick) for seed in seeds]
-        found[label] = [read_metrics(o) for o in outs if (o / "metrics.jsonl").exists()]
-        for o, rows in zip([o for o in outs if (o / "metrics.jsonl").exists()], found[label]):
+    _, full_steps, quick_steps, runs = EXPERIMENTS[name]
+    for label, script, _ in runs:
+        steps = (quick_steps if quick else full_steps) or default_steps(script)
+        outs = [o for o in (run_dir(name, label, seed, quick) for seed in seeds) if finished(o, steps)]
+        found[label] = [read_metrics(o) for o in outs]
+        for o, rows in zip(outs, found[label]):
             rows[-1]["stopped"] = stopped(o)         # its last row says whether the run stopped on purpose there
             wall = o / "wall_seconds"
             rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None

@@ -238,3 +238,13 @@ def test_defaults_runs_start_from_an_empty_cache_and_record_their_whole_wall_tim
     assert 0 <= float((out / "wall_seconds").read_text()) < 5
     compare.launch(("grpo.py", [], tmp_path / "main" / "grpo" / "seed0", 1))
     assert seen["cache"] != str(tmp_path / "main" / "grpo" / "seed0" / "cache")  # only defaults
+
+
+def test_report_reads_only_finished_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "RUNS", tmp_path)
+    for seed, last in ((0, 150), (1, 40)):                          # seed 1 was cut short at step 40
+        out = compare.run_dir("lr", "grpo lr x3 toy MoE", seed, False)
+        out.mkdir(parents=True)
+        (out / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.4}\n'
+                                           f'{{"step": {last}, "eval_accuracy": 0.2, "accuracy": 0.1}}\n')
+    assert [rs[-1]["step"] for rs in compare.collect("lr", range(3), False)["grpo lr x3 toy MoE"]] == [150]
