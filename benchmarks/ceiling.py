@@ -95,7 +95,8 @@ def main():
     cfg = common.toy_model_config(grpo.Args(), world)
     lines = ["# What holds the default runs below 0.85", "", "Regenerate: `python benchmarks/ceiling.py` (one CPU "
              "thread; the runs are grpo.py subprocesses, seed 0, from the default base).", "",
-             "## 1. capacity: the warm start's supervised recipe, run on past the base", "",
+             "## 1. capacity: the warm start's supervised recipe, run on past the base (seconds: its training "
+             "steps alone, one thread)", "",
              "| step | seconds | held-out greedy acc, average (EMA 0.95) | held-out greedy acc, raw weights |",
              "| --- | --- | --- | --- |"]
     for step, seconds, avg, raw in capacity(world, cfg):
