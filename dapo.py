@@ -34,7 +34,7 @@ Metrics go to runs/dapo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.806 and sampled
 accuracy (over every completion generated) 0.19 -> 0.75 (first 1/8 of the 2400 steps -> last 1/10),
-0.152 s a step on 2 CPU cores, seed 0 (`python benchmarks/compare.py --only defaults`; README.md).
+0.124 s a step on 2 CPU cores, seed 0 (`python benchmarks/compare.py --only defaults`; README.md).
 
 What differs from grpo.py
 - policy_loss: asymmetric clipping, the token-level normaliser; clip fraction split into low and high.

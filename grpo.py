@@ -23,7 +23,7 @@ where the clipping acts. With --minibatches 1 the update's own forward pass give
 (detached) and the separate pass is skipped. Metrics go to runs/grpo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.700 and sampled
-accuracy 0.18 -> 0.66 (first 1/8 of the 2400 steps -> last 1/10), 0.113 s a step on 2 CPU cores, seed 0
+accuracy 0.18 -> 0.66 (first 1/8 of the 2400 steps -> last 1/10), 0.078 s a step on 2 CPU cores, seed 0
 (`python benchmarks/compare.py --only defaults`; README.md has the table).
 
 What was simplified, and why

@@ -30,7 +30,7 @@ the plain policy gradient coincide; from the second minibatch on the policy is o
 sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.676 and sampled
-accuracy 0.17 -> 0.57 (first 1/8 of the 2400 steps -> last 1/10), 0.112 s a step on 2 CPU cores, seed 0;
+accuracy 0.17 -> 0.57 (first 1/8 of the 2400 steps -> last 1/10), 0.081 s a step on 2 CPU cores, seed 0;
 27% of tokens clipped, as whole sequences (`python benchmarks/compare.py --only defaults`; README.md).
 
 What differs from grpo.py

@@ -22,7 +22,7 @@ other scripts' 16 prompts x 8), score them, compute old, reference and value est
 Metrics go to runs/ppo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.742 and sampled
-accuracy 0.18 -> 0.68 (first 1/8 of the 700 steps -> last 1/10), 0.408 s a step on 2 CPU cores, seed 0
+accuracy 0.18 -> 0.68 (first 1/8 of the 700 steps -> last 1/10), 0.270 s a step on 2 CPU cores, seed 0
 (`python benchmarks/compare.py --only defaults`; README.md).
 
 verl 0.9.1's defaults differ from these (README.md, "Graduating", gives the settings that match):
