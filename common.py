@@ -579,6 +579,15 @@ def answer_batch(prompts, targets):
     return answers, torch.cat([prompts, answers.clamp(min=0)], 1)[:, :-1]
 
 
+def answer_loss(model, prompts, targets, aux_coef):
+    """Supervised loss: cross-entropy on the answer tokens and EOS only (positions P-1 .. end predict answer[0]
+    .. EOS), plus aux_coef times the load-balancing loss."""
+    answers, tokens = answer_batch(prompts, targets)
+    logits, _, aux_loss = model(tokens)
+    return F.cross_entropy(logits[:, prompts.shape[1] - 1:].flatten(0, 1), answers.flatten(),
+                           ignore_index=-100) + aux_coef * aux_loss
+
+
 @torch.no_grad()
 def teacher_forced_accuracy(model, rows):
     """Greedy accuracy on rows [(prompt_ids, answer)] in one forward pass: greedy decoding writes the answer
@@ -623,12 +632,7 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
             for j in (torch.rand(batch_size, generator=ramble_gen) < task.ramble_share).nonzero().flatten().tolist():
                 prompt = world.decode(world.train[idx[j]][0].tolist())
                 targets[j] = torch.tensor([TOY_ID[c] for c in task.ramble(prompt, world.max_new_tokens)])
-        prompts = torch.stack([world.train[i][0] for i in idx])
-        answers, tokens = answer_batch(prompts, targets)
-        logits, _, aux_loss = model(tokens)
-        # Predict only the answer tokens and EOS: positions P-1 .. end predict answer[0] .. EOS.
-        loss = F.cross_entropy(logits[:, prompts.shape[1] - 1:].reshape(-1, cfg.vocab_size), answers.flatten(),
-                               ignore_index=-100) + aux_coef * aux_loss
+        loss = answer_loss(model, torch.stack([world.train[i][0] for i in idx]), targets, aux_coef)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

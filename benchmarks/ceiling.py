@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,12 +46,9 @@ def capacity(world, cfg, steps=900, every=50):
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         idx = torch.randint(len(world.train), (256,), generator=gen).tolist()
-        prompts = torch.stack([world.train[i][0] for i in idx])
-        answers, tokens = common.answer_batch(prompts, [torch.tensor([common.TOY_ID[c] for c in world.train[i][1]]
-                                                                     + [common.TOY_EOS]) for i in idx])
-        logits, _, aux_loss = model(tokens)
-        loss = F.cross_entropy(logits[:, prompts.shape[1] - 1:].reshape(-1, cfg.vocab_size), answers.flatten(),
-                               ignore_index=-100) + 0.01 * aux_loss
+        loss = common.answer_loss(model, torch.stack([world.train[i][0] for i in idx]),
+                                  [torch.tensor([common.TOY_ID[c] for c in world.train[i][1]] + [common.TOY_EOS])
+                                   for i in idx], aux_coef=0.01)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
