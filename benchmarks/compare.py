@@ -52,6 +52,29 @@ ARMS = [("ppo", "ppo.py", []), ("grpo", "grpo.py", []), ("grpo + replay", "grpo.
         ("gspo", "gspo.py", []), ("dapo", "dapo.py", [])]
 LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr default (tests/test_benchmarks.py checks it)
 MODELS = {"toy MoE": [], "fine toy": FINE}
+LENGTHS = (2, 10, 24)               # the long experiment's --chain-length: completions of 12, 44 and 100 tokens
+STRESSED = ["--minibatches", "8"]   # twice the updates per rollout batch: routing drift ~10% on the fine toy
+LONG = {}                           # long experiment label: (arm, completion tokens, model, variant)
+
+
+def long_runs(lengths, models, stressed_length):
+    """The long experiment's runs: every arm at every chain length on every model; dapo with the per-sequence
+    mean in place of the token-level loss at the longest length on the toy MoE (claim d); and grpo, grpo +
+    replay and gspo stressed on the fine toy (claim c). Each label's parts go to LONG."""
+    runs = []
+    def add(arm, script, flags, n, model, variant=""):
+        label = f"{arm}, {4 * n + 4} tokens, {model}" + (f", {variant}" if variant else "")
+        LONG[label] = (arm, 4 * n + 4, model, variant)
+        runs.append((label, script, flags + ["--chain-length", str(n)] + MODELS[model] +
+                     (STRESSED if variant == "stressed" else [])))
+    for model in models:
+        for n in lengths:
+            for arm, script, flags in ARMS:
+                add(arm, script, flags, n, model)
+    add("dapo, sequence mean", "dapo.py", ["--no-token-level-loss"], lengths[-1], "toy MoE")
+    for arm, script, flags in ARMS[1:4]:                           # grpo, grpo + replay, gspo
+        add(arm, script, flags, stressed_length, "fine toy", "stressed")
+    return runs
 
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
 EXPERIMENTS = {
@@ -99,7 +122,17 @@ EXPERIMENTS = {
     "lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} {model}", script, flags + ["--lr", f"{DEFAULT_LR * k:g}"] + more)
                                        for model, more in MODELS.items() for arm, script, flags in ARMS
                                        for k in LR_TIMES]),
+    # The papers' claims where they live: answers of 12, 44 and 100 tokens (`--task chain`). Its own file,
+    # benchmarks/results/long.md; --quick runs a smaller set (QUICK_RUNS).
+    "long": (["--task", "chain", "--eval-size", "200"], 200, 6, long_runs(LENGTHS, MODELS, 10)),
 }
+# A --quick run of `long` in a few minutes: chains of 1 and 2 totals (8 and 12 tokens) on the toy MoE only.
+QUICK_RUNS = {"long": long_runs((1, 2), ["toy MoE"], 2)}
+
+
+def runs_of(name, quick):
+    """An experiment's [(label, script, flags)]."""
+    return QUICK_RUNS.get(name, EXPERIMENTS[name][3]) if quick else EXPERIMENTS[name][3]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -188,24 +221,31 @@ def launch(job):
     return rc
 
 
+def run_flags(name, flags, quick):
+    """A run's flags, but for --seed and --out: the experiment's, the run's, then steps and evaluation."""
+    shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
+    steps = quick_steps if quick else full_steps
+    extra = [] if steps is None else ["--steps", str(steps), "--eval-every", str(steps // (2 if quick else 12)),
+                                      "--save-every", "0"]
+    return shared + flags + extra + (["--eval-size", "100"] if quick else [])
+
+
 def run_all(experiments, seeds, quick, jobs, threads, rerun):
     todo = []
     for name in experiments:
-        shared, full_steps, quick_steps, runs = EXPERIMENTS[name]
-        steps = quick_steps if quick else full_steps
-        extra = [] if steps is None else ["--steps", str(steps), "--eval-every", str(steps // (2 if quick else 12)),
-                                          "--save-every", "0"]
-        extra += ["--eval-size", "100"] if quick else []
-        for label, script, flags in runs:
+        steps = EXPERIMENTS[name][2 if quick else 1]
+        for label, script, flags in runs_of(name, quick):
             for seed in seeds:
                 out = run_dir(name, label, seed, quick)
                 if rerun or not finished(out, steps or default_steps(script)):
-                    todo.append((script, shared + flags + extra + ["--seed", str(seed)], out, threads))
+                    todo.append((script, run_flags(name, flags, quick) + ["--seed", str(seed)], out, threads))
     if "hf-moe" in experiments:
         build_hf_moe()
     print(f"{len(todo)} runs to do, {jobs} at a time", flush=True)
+    start = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
         codes = list(pool.map(launch, todo))
+    print(f"{len(todo)} runs in {(time.perf_counter() - start) / 60:.1f} min", flush=True)
     return sum(rc != 0 for rc in codes)
 
 
@@ -279,6 +319,11 @@ def summarise(rows, target=None):
                              default=float("nan")),
         "grad_norm_max": max((r["grad_norm"] for r in steps if "grad_norm" in r), default=float("nan")),
         "peak_memory_mb": max(r["peak_memory_mb"] for r in steps),
+        "ratio_var_q1": mean("token_ratio_var_q1", steps), "ratio_var_q4": mean("token_ratio_var_q4", steps),
+        "drift_q1": mean("routing_drift_q1", steps), "drift_q4": mean("routing_drift_q4", steps),
+        "clip_q1": mean("clip_frac_q1", steps), "clip_q4": mean("clip_frac_q4", steps),
+        "ev_q1": mean("explained_variance_q1", steps), "ev_q4": mean("explained_variance_q4", steps),
+        "fell": fell(evals),
         "seconds_per_step": clock / len(steps), "wall_seconds": rows[-1].get("wall_seconds"),
         "completions_per_step": sum(completions(r) for r in steps) / len(steps),
     }
@@ -317,6 +362,13 @@ TITLES = {
     "train_seconds": ("training seconds", "{:.0f}"),
     "wall_seconds": ("wall seconds, whole process from an empty cache", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
     "completions_per_step": ("completions/step", "{:.0f}"),
+    "ratio_var_q1": ("token-ratio var, first quarter", "{:.3g}"),
+    "ratio_var_q4": ("token-ratio var, last quarter", "{:.3g}"),
+    "drift_q1": ("routing drift, first quarter", "{:.4f}"), "drift_q4": ("routing drift, last quarter", "{:.4f}"),
+    "clip_q1": ("clip frac, first quarter", "{:.4f}"), "clip_q4": ("clip frac, last quarter", "{:.4f}"),
+    "ev_q1": ("critic explained variance, first quarter", "{:.3f}"),
+    "ev_q4": ("critic explained variance, last quarter", "{:.3f}"),
+    "fell": ("seeds that fell", None),
 }
 ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
 COLUMNS = {name: keys.split() for name, keys in {
@@ -329,6 +381,9 @@ COLUMNS = {name: keys.split() for name, keys in {
               "steps_to_target seconds_per_step completions_per_step",
     "stress": f"final sampled_accuracy_end clip_frac {ROUTING} grad_norm_max seconds_per_step",
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
+    "long": "final fell at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift drift_q1 "
+            "drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end seconds_per_step "
+            "completions_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
 # What the sampled column and curves show: accuracy, except hf-moe's partial-credit reward (a random model never
@@ -347,8 +402,8 @@ def collect(name, seeds, quick):
     """{label: [metrics rows of each finished seed]} for one experiment (a run cut short is left out: it runs
     again next time)."""
     found = {}
-    _, full_steps, quick_steps, runs = EXPERIMENTS[name]
-    for label, script, _ in runs:
+    _, full_steps, quick_steps, _ = EXPERIMENTS[name]
+    for label, script, _ in runs_of(name, quick):
         steps = (quick_steps if quick else full_steps) or default_steps(script)
         outs = [o for o in (run_dir(name, label, seed, quick) for seed in seeds) if finished(o, steps)]
         found[label] = [read_metrics(o) for o in outs]
@@ -369,7 +424,8 @@ def table(name, runs):
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, seeds in runs.items():
         rows = [summarise(rs, target) for rs in seeds]
-        cells = [mean_std([r[key] for r in rows], TITLES[key][1]) for key in COLUMNS[name]]
+        cells = [f"{sum(r['fell'] for r in rows)}/{len(rows)}" if key == "fell" else
+                 mean_std([r[key] for r in rows], TITLES[key][1]) for key in COLUMNS[name]]
         lines.append("| " + " | ".join([label, str(len(rows))] + cells) + " |")
     return lines, base, target
 
@@ -529,6 +585,142 @@ def lr_figure(runs, path):
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The long experiment: one table per model and length, learning curves, and the claims against length
+
+ARM_COLOURS = {"ppo": "C0", "grpo": "C1", "grpo + replay": "C2", "gspo": "C3", "dapo": "C4",
+               "dapo, sequence mean": "C5"}
+
+
+def long_groups(runs):
+    """{(model, completion tokens, variant): {label: seeds}}, in the order of the runs."""
+    groups = {}
+    for label, seeds in runs.items():
+        if seeds:
+            arm, tokens, model, variant = LONG[label]
+            groups.setdefault((model, tokens, variant), {})[label] = seeds
+    return groups
+
+
+def long_points(runs, key):
+    """{(arm, model): [(completion tokens, mean, std over seeds)]} of one summary key, unstressed runs only."""
+    points = {}
+    for (model, tokens, variant), group in long_groups(runs).items():
+        for label, seeds in group.items():
+            values = [v for v in (summarise(rs)[key] for rs in seeds) if v is not None and not math.isnan(v)]
+            if not variant and values:
+                std = statistics.stdev(values) if len(values) > 1 else 0.0
+                points.setdefault((LONG[label][0], model), []).append((tokens, statistics.mean(values), std))
+    return points
+
+
+def long_report(runs, quick, results):
+    """long.md: the criterion, one table per model and length, the figures and every run's command."""
+    steps = EXPERIMENTS["long"][2 if quick else 1]
+    groups = long_groups(runs)
+    n_runs = sum(len(seeds) for seeds in runs.values())
+    run_hours = sum(rs[-1]["wall_seconds"] or 0 for seeds in runs.values() for rs in seeds) / 3600
+    lines = [f"# Long answers{' (--quick: a smoke run, not results)' if quick else ''}: the papers' claims at "
+             f"{' and '.join(str(t) for t in sorted({k[1] for k in groups}))} tokens", "",
+             f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs of "
+             f"{steps} steps on `--task chain` (the answer's running totals, then `=` and the last one; the reward "
+             f"reads only the final answer), each on one CPU thread, two at a time; {run_hours:.1f} h of run time "
+             f"(whole processes), so about {run_hours / 2:.1f} h on 2 cores.", "",
+             "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
+             "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
+             "every evaluation from the first such one to the last. The *stressed* runs take twice the updates per "
+             f"rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about twice as far.", "",
+             "Columns as in study.md (means over all steps; \"end\" the last 1/10 of the steps); \"first\" and "
+             "\"last quarter\": the first and last quarter of each completion's positions. The half-gap target is "
+             "each table's own: its base plus half the gap to its best arm's mean final accuracy.", ""]
+    for (model, tokens, variant), group in groups.items():
+        rows, base, target = table("long", {LONG[label][0]: seeds for label, seeds in group.items()})
+        lines += [f"## {model}, {tokens} tokens{f', {variant}' if variant else ''}", "",
+                  f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base
+                                                          else "no run ended above the base."), ""] + rows + [""]
+    long_figure(runs, results / "long.png")
+    long_claims_figure(runs, results / "long-claims.png")
+    lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "
+              "the base):", "", "![long](long.png)", "", "Each claim's quantity against the completion length "
+              "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy):", "", "![long-claims](long-claims.png)",
+              "", "## Every run's command", "", f"Each with `--seed S --out DIR` for seeds {', '.join(str(s) for s in range(max(len(seeds) for seeds in runs.values())))}.", "",
+              "| run | command |", "| --- | --- |"]
+    for label, script, flags in runs_of("long", quick):
+        lines.append(f"| {label} | `python {script} {' '.join(run_flags('long', flags, quick))}` |")
+    (results / "long.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {results / 'long.md'}")
+
+
+def long_figure(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = long_groups(runs)
+    models = list(dict.fromkeys(k[0] for k in groups))
+    columns = max(sum(k[0] == m for k in groups) for m in models)
+    fig, axes = plt.subplots(len(models), columns, figsize=(4 * columns, 3.6 * len(models)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for row, model in enumerate(models):
+        for ax, ((_, tokens, variant), group) in zip(axes[row], ((k, g) for k, g in groups.items() if k[0] == model)):
+            ax.set_visible(True)
+            base = statistics.mean(rs[0]["eval_accuracy"] for seeds in group.values() for rs in seeds)
+            for label, seeds in group.items():
+                steps, _, means, stds = curve(seeds, lambda r: r.get("eval_accuracy"))
+                colour = ARM_COLOURS[LONG[label][0]]
+                ax.plot(steps, means, color=colour, marker=".", label=LONG[label][0])
+                ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
+                                color=colour, alpha=0.15)
+            ax.axhline(base, color="grey", linestyle="--", linewidth=1)
+            ax.set(title=f"{model}, {tokens} tokens{f', {variant}' if variant else ''}", xlabel="step",
+                   ylabel="greedy eval accuracy", ylim=(0, 1))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    seeds = max(len(s) for s in runs.values())
+    fig.suptitle(f"long: greedy accuracy, mean over {seeds} seeds, band ± 1 std\n(evaluations: not smoothed); "
+                 "dashed: the base")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def long_claims_figure(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    style = {"toy MoE": "-", "fine toy": "--"}
+    for ax, key, title, only, yscale in (
+            (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o) and last (s) quarter",
+             ("ppo",), "linear"),
+            (axes[0, 1], ("final",), "(a, c, d, e) final greedy accuracy", None, "linear"),
+            (axes[1, 0], ("ratio_var_mean",), "(b) token-ratio variance, mean over steps",
+             ("grpo", "grpo + replay", "gspo"), "log"),
+            (axes[1, 1], ("clip_frac",), "(e) clip fraction, mean over steps", None, "log")):
+        for k, marker in zip(key, "os"):
+            for (arm, model), pts in long_points(runs, k).items():
+                if only is None or arm in only:
+                    ax.errorbar([t for t, _, _ in pts], [m for _, m, _ in pts], yerr=[d for _, _, d in pts],
+                                color=ARM_COLOURS[arm], linestyle=style[model], marker=marker, capsize=3,
+                                label=f"{arm}, {model}" + (f" ({'first' if marker == 'o' else 'last'} quarter)"
+                                                           if len(key) > 1 else ""))
+        if key == ("final",):                                         # and each model's bases, grey
+            for model, pts in {m: p for (arm, m), p in long_points(runs, "base").items() if arm == "grpo"}.items():
+                ax.plot([t for t, _, _ in pts], [m for _, m, _ in pts], color="grey", linestyle=style[model],
+                        marker="x", label=f"base, {model}")
+            ax.set_ylim(0, 1)
+        tokens = sorted({t for pts in long_points(runs, "final").values() for t, _, _ in pts})
+        ax.set(title=title, xlabel="completion tokens", xscale="log", yscale=yscale)
+        ax.set_xticks(tokens, [str(t) for t in tokens])
+        ax.minorticks_off() if yscale == "linear" else ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("long: each claim's quantity against the completion length, mean ± 1 std over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def old_sections(path):
     """{experiment: its section of an existing study.md}, kept for experiments with no runs here."""
     sections, name = {}, None
@@ -554,6 +746,9 @@ def report(seeds, quick):
         runs = collect(name, seeds, quick)
         if not any(runs.values()):
             lines += kept.get(name, [])       # its runs are elsewhere: the table they made stays as it was
+            continue
+        if name == "long":
+            long_report(runs, quick, results)
             continue
         if name == "lr":
             lines += [f"## lr: `--task add`, {EXPERIMENTS[name][2 if quick else 1]} steps, the policy's --lr at "
@@ -586,9 +781,9 @@ def report(seeds, quick):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps per run: a smoke test of the study")
-    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in ("defaults", "lr")),
+    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in ("defaults", "lr", "long")),
                         help="experiments to run, comma-separated (default: all but defaults, which runs alone, "
-                             "and lr, 120 runs of its own)")
+                             "and lr and long, hours of their own)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 2 with --quick)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")

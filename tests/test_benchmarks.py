@@ -249,3 +249,77 @@ def test_report_reads_only_finished_runs(tmp_path, monkeypatch):
         (out / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.4}\n'
                                            f'{{"step": {last}, "eval_accuracy": 0.2, "accuracy": 0.1}}\n')
     assert [rs[-1]["step"] for rs in compare.collect("lr", range(3), False)["grpo lr x3 toy MoE"]] == [150]
+
+
+def test_long_experiment_runs_every_arm_at_every_length_on_both_toys_plus_dapo_s_mean_and_the_stressed_runs():
+    runs = compare.EXPERIMENTS["long"][3]
+    assert len(runs) == len(compare.ARMS) * len(compare.LENGTHS) * len(compare.MODELS) + 1 + 3 == 34
+    parts = {label: compare.LONG[label] for label, _, _ in runs}
+    assert {tokens for _, tokens, _, _ in parts.values()} == {12, 44, 100}               # 4 x length + 4
+    label, script, flags = runs[0]
+    assert (label, script, flags) == ("ppo, 12 tokens, toy MoE", "ppo.py", ["--chain-length", "2"])
+    assert compare.run_flags("long", flags, False) == ["--task", "chain", "--eval-size", "200", "--chain-length",
+                                                       "2", "--steps", "200", "--eval-every", "16", "--save-every",
+                                                       "0"]
+    label, script, flags = runs[-1]
+    assert parts[label] == ("gspo", 44, "fine toy", "stressed") and script == "gspo.py"
+    assert flags == ["--chain-length", "10"] + compare.FINE + compare.STRESSED
+    assert ("dapo, sequence mean, 100 tokens, toy MoE", "dapo.py", ["--no-token-level-loss", "--chain-length", "24"]
+            ) in runs
+
+
+def long_rows(accuracies, ev=None, ratio_var=0.01):
+    out = rows(accuracies)
+    for r in out[1:]:
+        r |= {"token_ratio_var_q1": ratio_var / 2, "token_ratio_var_q4": ratio_var * 2, "routing_drift_q1": 0.01,
+              "routing_drift_q4": 0.03, "clip_frac_q1": 0.001, "clip_frac_q4": 0.004, "token_ratio_var": ratio_var}
+        r |= {"explained_variance_q1": ev[0], "explained_variance_q4": ev[1]} if ev else {}
+    out[-1]["wall_seconds"] = 1800.0
+    return out
+
+
+def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_every_command(tmp_path):
+    runs = {label: [] for label, _, _ in compare.EXPERIMENTS["long"][3]}
+    runs["ppo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.5, 0.6], ev=(0.5, 0.1)), long_rows([0.4, 0.5, 0.7],
+                                                                                          ev=(0.7, 0.3))]
+    runs["grpo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.25, 0.2]), long_rows([0.4, 0.2, 0.45])]  # one fell
+    runs["grpo, 100 tokens, toy MoE"] = [long_rows([0.3, 0.3, 0.4], ratio_var=0.5)]
+    runs["gspo, 44 tokens, fine toy, stressed"] = [long_rows([0.5, 0.5, 0.5])]
+    compare.long_report(runs, False, tmp_path)
+    text = (tmp_path / "long.md").read_text()
+    sections = text.split("\n## ")
+    assert [s.split("\n")[0] for s in sections[1:4]] == ["toy MoE, 12 tokens", "toy MoE, 100 tokens",
+                                                         "fine toy, 44 tokens, stressed"]
+    assert "6 runs of 200 steps" in text and "3.0 h of run time" in text and "about 1.5 h on 2 cores" in text
+    assert "more than 0.10 below its base" in text
+    table = sections[1].split("\n")
+    columns = table[4].split(" | ")
+    assert columns[:4] == ["| run", "seeds", "final eval acc", "seeds that fell"]
+    ppo, grpo = table[6].split(" | "), table[7].split(" | ")
+    assert ppo[:4] == ["| ppo", "2", "0.650 ± 0.071", "0/2"] and grpo[:4] == ["| grpo", "2", "0.325 ± 0.177", "1/2"]
+    ev = columns.index("critic explained variance, first quarter")
+    assert ppo[ev:ev + 2] == ["0.600 ± 0.141", "0.200 ± 0.141"] and grpo[ev] == "—"
+    assert ("| gspo, 44 tokens, fine toy, stressed | `python gspo.py --task chain --eval-size 200 --chain-length 10 "
+            "--n-layers 4 --n-experts 64 --top-k 8 --expert-hidden 16 --minibatches 8 --steps 200 --eval-every 16 "
+            "--save-every 0` |") in text
+    assert (tmp_path / "long.png").exists() and (tmp_path / "long-claims.png").exists()
+    points = compare.long_points(runs, "ratio_var_mean")
+    assert points[("grpo", "toy MoE")] == [(12, pytest.approx(0.01), 0.0), (100, pytest.approx(0.5), 0.0)]
+    assert ("gspo", "fine toy") not in points                                       # stressed runs apart
+
+
+@pytest.mark.slow
+def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
+    """Two of the quick form's runs for real (1 total a chain: 8 tokens), one seed, then long.md from them."""
+    monkeypatch.setattr(compare, "RUNS", tmp_path)
+    picked = [run for run in compare.QUICK_RUNS["long"] if run[0] in ("ppo, 8 tokens, toy MoE",
+                                                                       "grpo, 8 tokens, toy MoE")]
+    monkeypatch.setitem(compare.QUICK_RUNS, "long", picked)
+    assert compare.run_all(["long"], [0], quick=True, jobs=2, threads=1, rerun=False) == 0
+    runs = compare.collect("long", [0], quick=True)
+    ppo = [r for r in runs["ppo, 8 tokens, toy MoE"][0] if "step_time_s" in r]
+    assert len(ppo) == 6 and all(r["response_len_mean"] > 4 for r in ppo)          # 8 tokens at the base
+    assert {"explained_variance_q1", "explained_variance_q4", "token_ratio_var_q4", "clip_frac_q1"} <= ppo[0].keys()
+    compare.long_report(runs, True, tmp_path)
+    text = (tmp_path / "long.md").read_text()
+    assert "## toy MoE, 8 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
