@@ -24,7 +24,7 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
   lr      ppo, grpo, grpo + replay, gspo and dapo at 1, 3, 10 and 30 times the default --lr, on the toy MoE
           and the fine toy: final accuracy and which seeds fell (`fell`); one table, one figure (not in the
           default run: --only lr; on 2 cores shared with other work the toy MoE's 60 runs took ~50 min, the
-          fine toy's ~2 h)
+          fine toy's ~2 h; its last 16 runs, alone on the machine, 14 min)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
