@@ -323,3 +323,11 @@ def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
     compare.long_report(runs, True, tmp_path)
     text = (tmp_path / "long.md").read_text()
     assert "## toy MoE, 8 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
+
+
+def test_bases_unknown_base_is_refused(capsys):
+    import bases
+    with pytest.raises(SystemExit) as stop:
+        bases.main(["--only", "chain 7"])
+    assert stop.value.code == 2 and "unknown base chain 7" in capsys.readouterr().err
+    assert {bases.BASES[f"chain {n}"][1] for n in compare.LENGTHS} == set(compare.LENGTHS)  # the long experiment's
