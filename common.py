@@ -505,7 +505,7 @@ def progression_ramble(prompt, length):
 @dataclass
 class ToyTask:
     problems: typing.Callable        # () -> [(prompt, answer)]; (length) -> ... when `sized`
-    max_new_tokens: int              # the default completion limit (None: the longest answer and EOS, plus 8)
+    max_new_tokens: int              # the default completion limit (None: see toy_world)
     ramble: typing.Callable = None   # (prompt, length) -> a completion that never ends
     ramble_share: float = 0.0        # share of warm-start examples taught to ramble, without EOS
     reward: typing.Callable = None   # (completion, answer, finished) -> float (None: toy_reward, the whole answer)
@@ -561,8 +561,11 @@ def toy_world(task, eval_size, max_new_tokens, chain_length=CHAIN_LENGTH):
     rows = [(encode(p), a) for p, a in (toy.problems(chain_length) if toy.sized else toy.problems())]
     train, held_out = split_eval(rows, 500)  # the same 500 held out whatever --eval-size, so one base fits all
     decode = lambda ids: "".join(TOY_VOCAB[i] for i in ids if i > TOY_EOS)
+    # Without a limit of its own (chain): the longest answer and EOS, a third more and 8, so that dapo.py's
+    # overlong buffer (the last quarter of the limit) starts after the longest right answer, never on it.
+    longest = max(len(a) for _, a in rows) + 1
     return World(train, held_out[:eval_size], decode, toy.reward or toy_reward, (TOY_EOS,), TOY_PAD,
-                 max_new_tokens or toy.max_new_tokens or max(len(a) for _, a in rows) + 1 + 8)
+                 max_new_tokens or toy.max_new_tokens or longest + longest // 3 + 8)
 
 
 def toy_model_config(args, world):

@@ -130,7 +130,7 @@ def test_chain_problems_write_every_running_total_then_the_answer():
     assert [p for p in longest if p.endswith("+9=")] == [f"{a:03d}+9=" for a in range(10)]
     assert longest["009+9="].endswith(",990,999=999")
     world = common.toy_world("chain", 16, None, 2)
-    assert world.reward is common.chain_reward and world.max_new_tokens == 12 + 8   # the longest answer, EOS, 8 spare
+    assert world.reward is common.chain_reward and world.max_new_tokens == 12 + 4 + 8  # answer + EOS, a third, 8
     prompt, answer = world.eval[0]
     a, d = int(world.decode(prompt.tolist())[:3]), int(world.decode(prompt.tolist())[4])
     assert answer == f"{a + d:03d},{a + 2 * d:03d}={a + 2 * d:03d}"

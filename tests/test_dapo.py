@@ -57,6 +57,13 @@ def test_overlong_penalty_at_every_boundary():
     assert penalty.tolist() == pytest.approx([0, 0, 0, -1 / 8, -4 / 8, -7 / 8, -1, -1, -1])
 
 
+def test_a_right_chain_answer_is_never_in_the_overlong_buffer():
+    for n in (1, 2, 10, 24, 110):                     # the longest answer, EOS included: 4n + 4 tokens
+        limit = common.toy_world("chain", 16, None, n).max_new_tokens
+        buffer = max(1, limit // 4)                   # dapo.py's default --overlong-buffer
+        assert dapo.overlong_penalty(torch.tensor([4 * n + 4, 4 * n + 5]), limit, buffer).tolist() == [0, 0]
+
+
 def test_filter_groups_keeps_only_groups_with_unequal_rewards():
     rewards = torch.tensor([1, 1, 1, 0, 0, 1, 0.5, 0.5, 0.5, 1, 0, 1.0])
     assert dapo.filter_groups(rewards, 3).tolist() == [False, True, False, True]
