@@ -226,6 +226,12 @@ def launch(job):
     return rc
 
 
+def elapsed_file(name, quick):
+    folder = RUNS / ("quick" if quick else "") / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "elapsed.txt"
+
+
 def run_flags(name, flags, quick):
     """A run's flags, but for --seed and --out: the experiment's, the run's, then steps and evaluation."""
     shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
@@ -250,7 +256,12 @@ def run_all(experiments, seeds, quick, jobs, threads, rerun):
     start = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
         codes = list(pool.map(launch, todo))
-    print(f"{len(todo)} runs in {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+    minutes = (time.perf_counter() - start) / 60
+    print(f"{len(todo)} runs in {minutes:.1f} min", flush=True)
+    for name in experiments if todo else []:       # an experiment run in pieces: its pieces' times add up
+        with open(elapsed_file(name, quick), "a") as f:
+            f.write(f"{minutes:.1f} min, {len(todo)} runs, {jobs} at a time on {threads} thread(s) each: "
+                    f"{','.join(experiments)}\n")
     return sum(rc != 0 for rc in codes)
 
 
@@ -328,7 +339,7 @@ def summarise(rows, target=None):
         "drift_q1": mean("routing_drift_q1", steps), "drift_q4": mean("routing_drift_q4", steps),
         "clip_q1": mean("clip_frac_q1", steps), "clip_q4": mean("clip_frac_q4", steps),
         "ev_q1": mean("explained_variance_q1", steps), "ev_q4": mean("explained_variance_q4", steps),
-        "fell": fell(evals),
+        "stopped": bool(rows[-1].get("stopped")), "fell": fell(evals) and not rows[-1].get("stopped"),
         "seconds_per_step": clock / len(steps), "wall_seconds": rows[-1].get("wall_seconds"),
         "completions_per_step": sum(completions(r) for r in steps) / len(steps),
     }
@@ -410,9 +421,11 @@ def collect(name, seeds, quick):
     _, full_steps, quick_steps, _ = EXPERIMENTS[name]
     for label, script, _ in runs_of(name, quick):
         steps = (quick_steps if quick else full_steps) or default_steps(script)
-        outs = [o for o in (run_dir(name, label, seed, quick) for seed in seeds) if finished(o, steps)]
-        found[label] = [read_metrics(o) for o in outs]
-        for o, rows in zip(outs, found[label]):
+        outs = [(seed, o) for seed, o in ((seed, run_dir(name, label, seed, quick)) for seed in seeds)
+                if finished(o, steps)]
+        found[label] = [read_metrics(o) for _, o in outs]
+        for (seed, o), rows in zip(outs, found[label]):
+            rows[-1]["seed"] = seed
             rows[-1]["stopped"] = stopped(o)         # its last row says whether the run stopped on purpose there
             wall = o / "wall_seconds"
             rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None
@@ -425,14 +438,22 @@ def table(name, runs):
     finals = {label: statistics.mean(summarise(rs)["final"] for rs in seeds) for label, seeds in runs.items() if seeds}
     base = statistics.mean(summarise(rs)["base"] for seeds in runs.values() for rs in seeds)
     target = base + (max(finals.values()) - base) / 2
+    target = target if target > base else None                     # no run ended above the base: no target
     header = ["run", "seeds"] + [TITLES[key][0] for key in COLUMNS[name]]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, seeds in runs.items():
         rows = [summarise(rs, target) for rs in seeds]
-        cells = [f"{sum(r['fell'] for r in rows)}/{len(rows)}" if key == "fell" else
+        cells = [fell_cell(rows) if key == "fell" else "—" if target is None and key.endswith("_to_target") else
                  mean_std([r[key] for r in rows], TITLES[key][1]) for key in COLUMNS[name]]
         lines.append("| " + " | ".join([label, str(len(rows))] + cells) + " |")
     return lines, base, target
+
+
+def fell_cell(rows):
+    """'k/n' seeds that fell, and how many others stopped before the end (dapo.py with no reward signal left,
+    or any script after 3 non-finite updates in a row): neither counted as fallen nor as learning."""
+    stopped = sum(r["stopped"] for r in rows)
+    return f"{sum(r['fell'] for r in rows)}/{len(rows)}" + (f", {stopped} stopped" if stopped else "")
 
 
 def curve(seeds, key, width=1):
@@ -625,12 +646,14 @@ def long_report(runs, quick, results):
     groups = long_groups(runs)
     n_runs = sum(len(seeds) for seeds in runs.values())
     run_hours = sum(rs[-1]["wall_seconds"] or 0 for seeds in runs.values() for rs in seeds) / 3600
+    pieces = elapsed_file("long", quick).read_text().splitlines() if elapsed_file("long", quick).exists() else []
     lines = [f"# Long answers{' (--quick: a smoke run, not results)' if quick else ''}: the papers' claims at "
              f"{' and '.join(str(t) for t in sorted({k[1] for k in groups}))} tokens", "",
              f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs of "
              f"{steps} steps on `--task chain` (the answer's running totals, then `=` and the last one; the reward "
-             f"reads only the final answer), each on one CPU thread, two at a time; {run_hours:.1f} h of run time "
-             f"(whole processes), so about {run_hours / 2:.1f} h on 2 cores.", "",
+             f"reads only the final answer); {run_hours:.1f} h of run time (whole processes, each on one CPU "
+             f"thread), so about {run_hours / 2:.1f} h on 2 cores, two at a time. The runs took, as run here "
+             f"(benchmarks/runs/long/elapsed.txt): " + ("; ".join(pieces) or "not recorded") + ".", "",
              "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
              "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
              "every evaluation from the first such one to the last. The *stressed* runs take twice the updates per "
@@ -641,14 +664,15 @@ def long_report(runs, quick, results):
     for (model, tokens, variant), group in groups.items():
         rows, base, target = table("long", {LONG[label][0]: seeds for label, seeds in group.items()})
         lines += [f"## {model}, {tokens} tokens{f', {variant}' if variant else ''}", "",
-                  f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base
+                  f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target
                                                           else "no run ended above the base."), ""] + rows + [""]
     long_figure(runs, results / "long.png")
     long_claims_figure(runs, results / "long-claims.png")
     lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "
               "the base):", "", "![long](long.png)", "", "Each claim's quantity against the completion length "
               "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy):", "", "![long-claims](long-claims.png)",
-              "", "## Every run's command", "", f"Each with `--seed S --out DIR` for seeds {', '.join(str(s) for s in range(max(len(seeds) for seeds in runs.values())))}.", "",
+              "", "## Every run's command", "", f"Each with `--seed S --out DIR`, seeds "
+              f"{', '.join(map(str, sorted({rs[-1].get('seed') for s in runs.values() for rs in s})))}.", "",
               "| run | command |", "| --- | --- |"]
     for label, script, flags in runs_of("long", quick):
         lines.append(f"| {label} | `python {script} {' '.join(run_flags('long', flags, quick))}` |")
@@ -773,7 +797,7 @@ def report(seeds, quick):
         flags = " ".join(shared).replace(str(ROOT) + "/", "")
         lines += [f"## {name}: " + (f"`{flags}`, {steps} steps" if flags else "no flags, the scripts' own steps"), ""]
         if name not in ("depth", "defaults"):  # the deeper models have bases of their own
-            lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target > base else
+            lines += [f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target else
                                                               "no run ended above the base."), ""]
         lines += rows + [""]
         if name not in ("depth", "defaults"):

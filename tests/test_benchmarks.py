@@ -278,19 +278,26 @@ def long_rows(accuracies, ev=None, ratio_var=0.01):
     return out
 
 
-def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_every_command(tmp_path):
+def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_every_command(tmp_path, monkeypatch):
     runs = {label: [] for label, _, _ in compare.EXPERIMENTS["long"][3]}
     runs["ppo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.5, 0.6], ev=(0.5, 0.1)), long_rows([0.4, 0.5, 0.7],
                                                                                           ev=(0.7, 0.3))]
     runs["grpo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.25, 0.2]), long_rows([0.4, 0.2, 0.45])]  # one fell
     runs["grpo, 100 tokens, toy MoE"] = [long_rows([0.3, 0.3, 0.4], ratio_var=0.5)]
-    runs["gspo, 44 tokens, fine toy, stressed"] = [long_rows([0.5, 0.5, 0.5])]
+    runs["gspo, 44 tokens, fine toy, stressed"] = [long_rows([0.5, 0.4, 0.3]), long_rows([0.5, 0.3, 0.2])]
+    runs["gspo, 44 tokens, fine toy, stressed"][1][-1]["stopped"] = True        # fell too, but stopped: apart
+    for seeds in runs.values():
+        for seed, rs in enumerate(seeds):
+            rs[-1]["seed"] = seed                                                 # as collect() marks them
+    monkeypatch.setattr(compare, "RUNS", tmp_path)
+    compare.elapsed_file("long", False).write_text("50.0 min, 60 runs, 2 at a time on 1 thread(s) each: long\n")
     compare.long_report(runs, False, tmp_path)
     text = (tmp_path / "long.md").read_text()
     sections = text.split("\n## ")
     assert [s.split("\n")[0] for s in sections[1:4]] == ["toy MoE, 12 tokens", "toy MoE, 100 tokens",
                                                          "fine toy, 44 tokens, stressed"]
-    assert "6 runs of 200 steps" in text and "3.0 h of run time" in text and "about 1.5 h on 2 cores" in text
+    assert "7 runs of 200 steps" in text and "3.5 h of run time" in text and "about 1.8 h on 2 cores" in text
+    assert "as run here (benchmarks/runs/long/elapsed.txt): 50.0 min, 60 runs" in text and "seeds 0, 1." in text
     assert "more than 0.10 below its base" in text
     table = sections[1].split("\n")
     columns = table[4].split(" | ")
@@ -302,6 +309,11 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     assert ("| gspo, 44 tokens, fine toy, stressed | `python gspo.py --task chain --eval-size 200 --chain-length 10 "
             "--n-layers 4 --n-experts 64 --top-k 8 --expert-hidden 16 --minibatches 8 --steps 200 --eval-every 16 "
             "--save-every 0` |") in text
+    stressed = sections[3].split("\n")
+    assert "no run ended above the base" in stressed[2]
+    gspo = stressed[6].split(" | ")
+    assert gspo[:4] == ["| gspo", "2", "0.250 ± 0.071", "1/2, 1 stopped"]
+    assert gspo[columns.index("steps to half-gap")] == "—"                           # no target to reach
     assert (tmp_path / "long.png").exists() and (tmp_path / "long-claims.png").exists()
     points = compare.long_points(runs, "ratio_var_mean")
     assert points[("grpo", "toy MoE")] == [(12, pytest.approx(0.01), 0.0), (100, pytest.approx(0.5), 0.0)]
