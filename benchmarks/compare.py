@@ -60,23 +60,31 @@ MODELS = {"toy MoE": [], "fine toy": FINE}
 LENGTHS = (2, 10, 24)               # the long experiment's --chain-length: completions of 12, 44 and 100 tokens
 STRESSED = ["--minibatches", "8"]   # twice the updates per rollout batch: routing drift ~10% on the fine toy
 LONG = {}                           # long experiment label: (arm, completion tokens, model, variant)
+LONG_MODELS = MODELS | {"dense toy": ["--n-experts", "1"]}
+VARIANTS = {"": [], "stressed": STRESSED, "mixed lengths": ["--task", "chains"]}
 
 
 def long_runs(lengths, models, stressed_length):
-    """The long experiment's runs: every arm at every chain length on every model; dapo with the per-sequence
-    mean in place of the token-level loss at the longest length on the toy MoE (claim d); and grpo, grpo +
-    replay and gspo stressed on the fine toy (claim c). Each label's parts go to LONG."""
+    """The long experiment's runs: every arm at every chain length on every model; grpo on the dense toy (one
+    expert: is a growth of the token-ratio variance with length the MoE's doing?); dapo with its token-level
+    loss and with the per-sequence mean on chains of every length up to the longest, mixed in each batch
+    (claim d: at one fixed length the two losses are the same number); and grpo, grpo + replay and gspo
+    stressed on the fine toy (claim c). Each label's parts go to LONG."""
     runs = []
     def add(arm, script, flags, n, model, variant=""):
-        label = f"{arm}, {4 * n + 4} tokens, {model}" + (f", {variant}" if variant else "")
-        LONG[label] = (arm, 4 * n + 4, model, variant)
-        runs.append((label, script, flags + ["--chain-length", str(n)] + MODELS[model] +
-                     (STRESSED if variant == "stressed" else [])))
+        tokens = 4 * n + 4
+        label = (f"{arm}, {'8-' if variant == 'mixed lengths' else ''}{tokens} tokens, {model}"
+                 + (f", {variant}" if variant else ""))
+        LONG[label] = (arm, tokens, model, variant)
+        runs.append((label, script, flags + ["--chain-length", str(n)] + LONG_MODELS[model] + VARIANTS[variant]))
     for model in models:
         for n in lengths:
             for arm, script, flags in ARMS:
                 add(arm, script, flags, n, model)
-    add("dapo, sequence mean", "dapo.py", ["--no-token-level-loss"], lengths[-1], "toy MoE")
+    for n in lengths:
+        add("grpo", "grpo.py", [], n, "dense toy")
+    for arm, script, flags in (ARMS[4], ("dapo, sequence mean", "dapo.py", ["--no-token-level-loss"])):
+        add(arm, script, flags, lengths[-1], "toy MoE", "mixed lengths")
     for arm, script, flags in ARMS[1:4]:                           # grpo, grpo + replay, gspo
         add(arm, script, flags, stressed_length, "fine toy", "stressed")
     return runs
@@ -337,6 +345,7 @@ def summarise(rows, target=None):
         "peak_memory_mb": max(r["peak_memory_mb"] for r in steps),
         "ratio_var_q1": mean("token_ratio_var_q1", steps), "ratio_var_q4": mean("token_ratio_var_q4", steps),
         "drift_q1": mean("routing_drift_q1", steps), "drift_q4": mean("routing_drift_q4", steps),
+        "expert_drift": mean("expert_drift", steps),
         "clip_q1": mean("clip_frac_q1", steps), "clip_q4": mean("clip_frac_q4", steps),
         "ev_q1": mean("explained_variance_q1", steps), "ev_q4": mean("explained_variance_q4", steps),
         "stopped": bool(rows[-1].get("stopped")), "fell": fell(evals) and not rows[-1].get("stopped"),
@@ -380,7 +389,7 @@ TITLES = {
     "completions_per_step": ("completions/step", "{:.0f}"),
     "ratio_var_q1": ("token-ratio var, first quarter", "{:.3g}"),
     "ratio_var_q4": ("token-ratio var, last quarter", "{:.3g}"),
-    "drift_q1": ("routing drift, first quarter", "{:.4f}"), "drift_q4": ("routing drift, last quarter", "{:.4f}"),
+    "expert_drift": ("expert drift", "{:.4f}"), "drift_q1": ("routing drift, first quarter", "{:.4f}"), "drift_q4": ("routing drift, last quarter", "{:.4f}"),
     "clip_q1": ("clip frac, first quarter", "{:.4f}"), "clip_q4": ("clip frac, last quarter", "{:.4f}"),
     "ev_q1": ("critic explained variance, first quarter", "{:.3f}"),
     "ev_q4": ("critic explained variance, last quarter", "{:.3f}"),
@@ -397,8 +406,8 @@ COLUMNS = {name: keys.split() for name, keys in {
               "steps_to_target seconds_per_step completions_per_step",
     "stress": f"final sampled_accuracy_end clip_frac {ROUTING} grad_norm_max seconds_per_step",
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
-    "long": "final fell at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift drift_q1 "
-            "drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end seconds_per_step "
+    "long": "final fell at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift expert_drift "
+            "drift_q1 drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end seconds_per_step "
             "completions_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
@@ -657,7 +666,12 @@ def long_report(runs, quick, results):
              "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
              "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
              "every evaluation from the first such one to the last. The *stressed* runs take twice the updates per "
-             f"rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about twice as far.", "",
+             f"rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about twice as far. The "
+             "*mixed lengths* runs (`--task chains`) put chains of every length up to the longest into each batch: at "
+             "one fixed length DAPO's token-level loss and the per-sequence mean are the same number. The *dense toy* "
+             "(`--n-experts 1`) is grpo without routing, the control for the MoE's part in the token ratios. "
+             "*Routing drift*: the share of (token, layer) pairs whose top-k set changed since the rollout; *expert "
+             "drift*: the share of chosen experts that are new (the GSPO paper's measure).", "",
              "Columns as in study.md (means over all steps; \"end\" the last 1/10 of the steps); \"first\" and "
              "\"last quarter\": the first and last quarter of each completion's positions. The half-gap target is "
              "each table's own: its base plus half the gap to its best arm's mean final accuracy.", ""]
@@ -670,7 +684,7 @@ def long_report(runs, quick, results):
     long_claims_figure(runs, results / "long-claims.png")
     lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "
               "the base):", "", "![long](long.png)", "", "Each claim's quantity against the completion length "
-              "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy):", "", "![long-claims](long-claims.png)",
+              "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy, dotted: dense toy):", "", "![long-claims](long-claims.png)",
               "", "## Every run's command", "", f"Each with `--seed S --out DIR`, seeds "
               f"{', '.join(map(str, sorted({rs[-1].get('seed') for s in runs.values() for rs in s})))}.", "",
               "| run | command |", "| --- | --- |"]
@@ -718,7 +732,7 @@ def long_claims_figure(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    style = {"toy MoE": "-", "fine toy": "--"}
+    style = {"toy MoE": "-", "fine toy": "--", "dense toy": ":"}
     for ax, key, title, only, yscale in (
             (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o) and last (s) quarter",
              ("ppo",), "linear"),

@@ -253,7 +253,7 @@ def test_report_reads_only_finished_runs(tmp_path, monkeypatch):
 
 def test_long_experiment_runs_every_arm_at_every_length_on_both_toys_plus_dapo_s_mean_and_the_stressed_runs():
     runs = compare.EXPERIMENTS["long"][3]
-    assert len(runs) == len(compare.ARMS) * len(compare.LENGTHS) * len(compare.MODELS) + 1 + 3 == 34
+    assert len(runs) == len(compare.ARMS) * len(compare.LENGTHS) * len(compare.MODELS) + 3 + 2 + 3 == 38
     parts = {label: compare.LONG[label] for label, _, _ in runs}
     assert {tokens for _, tokens, _, _ in parts.values()} == {12, 44, 100}               # 4 x length + 4
     label, script, flags = runs[0]
@@ -264,8 +264,9 @@ def test_long_experiment_runs_every_arm_at_every_length_on_both_toys_plus_dapo_s
     label, script, flags = runs[-1]
     assert parts[label] == ("gspo", 44, "fine toy", "stressed") and script == "gspo.py"
     assert flags == ["--chain-length", "10"] + compare.FINE + compare.STRESSED
-    assert ("dapo, sequence mean, 100 tokens, toy MoE", "dapo.py", ["--no-token-level-loss", "--chain-length", "24"]
-            ) in runs
+    assert ("dapo, sequence mean, 8-100 tokens, toy MoE, mixed lengths", "dapo.py",
+            ["--no-token-level-loss", "--chain-length", "24", "--task", "chains"]) in runs     # after --task chain
+    assert ("grpo, 44 tokens, dense toy", "grpo.py", ["--chain-length", "10", "--n-experts", "1"]) in runs
 
 
 def long_rows(accuracies, ev=None, ratio_var=0.01):
