@@ -259,7 +259,7 @@ def test_long_experiment_runs_every_arm_at_every_length_on_both_toys_plus_dapo_s
     label, script, flags = runs[0]
     assert (label, script, flags) == ("ppo, 12 tokens, toy MoE", "ppo.py", ["--chain-length", "2"])
     assert compare.run_flags("long", flags, False) == ["--task", "chain", "--eval-size", "200", "--chain-length",
-                                                       "2", "--steps", "200", "--eval-every", "16", "--save-every",
+                                                       "2", "--steps", "150", "--eval-every", "12", "--save-every",
                                                        "0"]
     label, script, flags = runs[-1]
     assert parts[label] == ("gspo", 44, "fine toy", "stressed") and script == "gspo.py"
@@ -297,7 +297,7 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     sections = text.split("\n## ")
     assert [s.split("\n")[0] for s in sections[1:4]] == ["toy MoE, 12 tokens", "toy MoE, 100 tokens",
                                                          "fine toy, 44 tokens, stressed"]
-    assert "7 runs of 200 steps" in text and "3.5 h of run time" in text and "about 1.8 h on 2 cores" in text
+    assert "7 runs of 150 steps" in text and "3.5 h of run time" in text and "about 1.8 h on 2 cores" in text
     assert "as run here (benchmarks/runs/long/elapsed.txt): 50.0 min, 60 runs" in text and "seeds 0, 1." in text
     assert "more than 0.10 below its base" in text
     table = sections[1].split("\n")
@@ -308,7 +308,7 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     ev = columns.index("critic explained variance, first quarter")
     assert ppo[ev:ev + 2] == ["0.600 ± 0.141", "0.200 ± 0.141"] and grpo[ev] == "—"
     assert ("| gspo, 44 tokens, fine toy, stressed | `python gspo.py --task chain --eval-size 200 --chain-length 10 "
-            "--n-layers 4 --n-experts 64 --top-k 8 --expert-hidden 16 --minibatches 8 --steps 200 --eval-every 16 "
+            "--n-layers 4 --n-experts 64 --top-k 8 --expert-hidden 16 --minibatches 8 --steps 150 --eval-every 12 "
             "--save-every 0` |") in text
     stressed = sections[3].split("\n")
     assert "no run ended above the base" in stressed[2]
