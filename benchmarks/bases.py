@@ -27,10 +27,12 @@ import grpo  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FINE = dict(n_layers=4, n_experts=64, top_k=8, expert_hidden=16)
-# label: (task, chain length, model settings); the chain lengths are the long experiment's (compare.LENGTHS)
+# label: (task, chain length, model settings): every base the study and the long experiment (compare.LENGTHS) use
 BASES = {"add": ("add", None, {}), "progression": ("progression", None, {}),
          **{f"chain {n}": ("chain", n, {}) for n in (2, 10, 24)},
-         **{f"chain {n} fine toy": ("chain", n, FINE) for n in (2, 10, 24)}}
+         **{f"chain {n} fine toy": ("chain", n, FINE) for n in (2, 10, 24)},
+         **{f"chain {n} dense toy": ("chain", n, {"n_experts": 1}) for n in (2, 10, 24)},
+         "chains 24": ("chains", 24, {})}
 TRIALS = [(0, 1), (1, 1), (2, 1), (0, 2)]   # (warm-start seed, CPU threads)
 
 
@@ -65,7 +67,7 @@ def main(argv=None):
         task, length, model = BASES[label]
         results = [build(task, length, model, seed, threads) for seed, threads in TRIALS]
         accs = [a for a, _ in results]
-        tokens = "3-4" if task == "add" else "2-24" if task == "progression" else str(4 * length + 4)
+        tokens = {"add": "3-4", "progression": "2-24", "chain": str(4 * length + 4)}.get(task, f"8-{4 * length + 4}")
         lines.append("| " + " | ".join([label, tokens] + [f"{a:.3f}" for a in accs] + [
             f"{max(accs) - min(accs):.3f}", f"{results[0][1]:.0f} / {results[3][1]:.0f}"]) + " |")
         print(lines[-1], flush=True)
