@@ -3,7 +3,7 @@
     python benchmarks/compare.py            # the full study, 72 runs: about 2 hours on 2 CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
-    python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 102 runs
+    python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 114 runs
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
     python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs
 
@@ -26,10 +26,11 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
           and the fine toy: final accuracy and which seeds fell (`fell`); one table, one figure (not in the
           default run: --only lr; on 2 cores shared with other work the toy MoE's 60 runs took ~50 min, the
           fine toy's ~2 h; its last 16 runs 14 min, with light other work)
-  long    the papers' claims where they live, on `--task chain` at 12, 44 and 100 tokens: ppo, grpo, grpo +
-          replay, gspo and dapo on both toy MoEs, dapo with the per-sequence mean at 100 tokens, and grpo,
-          grpo + replay and gspo stressed on the fine toy (--minibatches 8: routing drift ~10%); its own
-          file, long.md, with long.png and long-claims.png (not in the default run: --only long)
+  long    the papers' claims where they live, on `--task chain` at 12, 44 and 100 tokens, 150 steps: ppo,
+          grpo, grpo + replay, gspo and dapo on both toy MoEs; grpo on the dense toy; dapo with its
+          token-level loss and with the per-sequence mean on mixed lengths (`--task chains`, 8-100 tokens);
+          grpo, grpo + replay and gspo stressed on the fine toy (STRESSED); its own file, long.md, with
+          long.png and long-claims.png (not in the default run: --only long)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
