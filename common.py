@@ -491,6 +491,12 @@ def chain_problems(length=CHAIN_LENGTH):
             for totals in [[f"{a + d * i:03d}" for i in range(1, length + 1)]]]
 
 
+def chains_problems(longest=CHAIN_LENGTH):
+    """Chains of every length from 1 to `longest`, the length in the prompt: '123+7*03=' -> '130,137,144=144'.
+    One batch then holds answers of 8 to 4 * longest + 4 tokens, the mix DAPO's token-level loss is about."""
+    return [(f"{p[:-1]}*{n:02d}=", a) for n in range(1, longest + 1) for p, a in chain_problems(n)]
+
+
 def chain_reward(completion, answer, finished):
     """1 for exactly the final answer (after the first '=') followed by EOS, whatever the chain before it."""
     return float(finished and "=" in completion and completion.split("=", 1)[1] == answer.split("=", 1)[1])
@@ -515,11 +521,14 @@ class ToyTask:
 # The length task plants truncation on purpose: after a plain warm start a model learns where to stop
 # before it learns the digits, so nothing would ever be truncated and DAPO's length techniques would
 # have nothing to act on. A quarter of its warm-start examples ramble to the limit instead.
-# The chain task gives long answers (44 tokens by default) whose reward reads only their last four.
+# The chain task gives long answers (44 tokens by default) whose reward reads only their last four; chains
+# mixes every length up to --chain-length.
 TASKS = {"add": ToyTask(add_problems, max_new_tokens=8),
          "progression": ToyTask(progression_problems, max_new_tokens=32, ramble=progression_ramble,
                                  ramble_share=0.25),
-         "chain": ToyTask(chain_problems, max_new_tokens=None, reward=chain_reward, sized=True)}
+         "chain": ToyTask(chain_problems, max_new_tokens=None, reward=chain_reward, sized=True),
+         "chains": ToyTask(chains_problems, max_new_tokens=None, reward=chain_reward, sized=True)}
+MAX_CHAINS_LENGTH = 99  # two digits in the prompt
 
 
 @dataclass
@@ -1100,8 +1109,10 @@ def by_quarter(name, x, mask, stat=lambda x, m: masked_mean(x, m).item()):
 
 def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
     """Per minibatch: the variance of the token ratios r_it and, for MoE models, what routing did to
-    them (the GSPO paper's MoE argument): routing drift, the share of tokens whose experts changed in
-    any layer since the rollout, and the mean |log r_it| of those tokens versus the others. The variance
+    them (the GSPO paper's MoE argument): routing drift, the share of (token, layer) pairs whose top-k set
+    changed since the rollout; expert drift, the share of chosen experts that are new (the paper's measure:
+    with top-8 one new expert in 8 moves routing drift by a whole pair, expert drift by 1/8); and the mean
+    |log r_it| of the tokens re-routed in any layer versus the others. The variance
     and the drift also over the first and the last quarter of each completion (_q1, _q4): where in a long
     answer the ratios and the routing move."""
     variance = lambda x, m: x[m.bool()].var().item() if m.sum() > 1 else float("nan")
@@ -1116,7 +1127,9 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
         rerouted, valid_log_ratio = changed.any(0)[valid], log_ratio[valid]                # in any layer
         mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
         drift = changed.float().mean(0)                                                    # [N, T], over layers
+        new = experts_new(routing, old_routing, mask.shape[1]).mean(0)                     # [N, T], over layers
         return metrics | {"routing_drift": masked_mean(drift, mask).item(), **by_quarter("routing_drift", drift, mask),
+                          "expert_drift": masked_mean(new, mask).item(),
                           "rerouted_token_frac": rerouted.float().mean().item(),
                           "abs_log_ratio_rerouted": mean_abs(valid_log_ratio[rerouted]),
                           "abs_log_ratio_other": mean_abs(valid_log_ratio[~rerouted]),
@@ -1127,6 +1140,13 @@ def experts_changed(routing, old_routing, T):
     """[L, N, T] bool: the top-k expert set differs from the recorded one, at the positions that
     predict the T completion tokens. routing, old_routing [L, N, P+T-1, k]."""
     return (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)
+
+
+def experts_new(routing, old_routing, T):
+    """[L, N, T]: the share of each token's k chosen experts that were not among the recorded k (the GSPO
+    paper's measure: "about 10% of the activated experts" change after an update of a 48-layer MoE)."""
+    chosen, recorded = routing[:, :, -T:], old_routing[:, :, -T:]
+    return (chosen[..., :, None] != recorded[..., None, :]).all(-1).float().mean(-1)
 
 
 def routing_drift(routing, old_routing, mask):
@@ -1203,8 +1223,8 @@ def check_common_args(args, min_group_size=2):
     check(n % args.minibatches == 0, f"--minibatches {args.minibatches} must divide the {n} completions per step "
                                      f"(--prompts-per-step x --group-size)")
     check(args.task in TASKS, f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}")
-    check(0 < args.chain_length <= MAX_CHAIN_LENGTH,
-          f"--chain-length must be between 1 and {MAX_CHAIN_LENGTH}, got {args.chain_length}")
+    longest = MAX_CHAINS_LENGTH if args.task == "chains" else MAX_CHAIN_LENGTH
+    check(0 < args.chain_length <= longest, f"--chain-length must be between 1 and {longest}, got {args.chain_length}")
     check(args.n_experts > 0 and args.expert_hidden > 0, "--n-experts and --expert-hidden must be positive")
     check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")

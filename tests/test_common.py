@@ -136,6 +136,17 @@ def test_chain_problems_write_every_running_total_then_the_answer():
     assert answer == f"{a + d:03d},{a + 2 * d:03d}={a + 2 * d:03d}"
 
 
+def test_chains_mix_every_length_up_to_the_longest_with_the_length_in_the_prompt():
+    rows = common.chains_problems(3)
+    assert dict(rows)["123+7*02="] == "130,137=137" and dict(rows)["123+7*03="] == "130,137,144=144"
+    assert len(rows) == sum(len(common.chain_problems(n)) for n in (1, 2, 3))
+    assert [p for p, _ in rows if p.startswith("995+")] == ["995+1*01=", "995+2*01=", "995+3*01=", "995+4*01=",
+                                                            "995+1*02=", "995+2*02=", "995+1*03="]
+    world = common.toy_world("chains", 16, None, 24)
+    assert {len(a) + 1 for _, a in world.train} == {4 * n + 4 for n in range(1, 25)}    # 8 to 100 tokens
+    assert world.max_new_tokens == 100 + 33 + 8 and world.reward is common.chain_reward
+
+
 def test_chain_reward_reads_only_the_final_answer():
     answer = "130,137,144=144"
     assert common.chain_reward(answer, answer, True) == 1.0
@@ -222,6 +233,14 @@ def test_ratio_metrics_split_rerouted_tokens_from_the_others():
     assert m["abs_log_ratio_other"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.1) / 4)
     assert m["token_ratio_var"] == pytest.approx(torch.tensor([0.1, -0.5, 0.2, 0.3, -0.1]).exp().var().item())
     assert m["load_balancing_loss"] == 1.5
+
+
+def test_expert_drift_counts_new_experts_where_routing_drift_counts_changed_sets():
+    old_routing = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]).expand(1, 1, 2, 4)   # 1 layer, 1 row, 2 tokens, top-4
+    routing = torch.tensor([[0, 1, 2, 7], [3, 2, 1, 0]]).expand(1, 1, 2, 4)       # 1 of 4 new; the same set
+    m = common.ratio_metrics(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), routing, old_routing, None)
+    assert m["expert_drift"] == pytest.approx((1 / 4 + 0) / 2)
+    assert m["routing_drift"] == pytest.approx((1 + 0) / 2)
 
 
 def test_quarters_are_the_first_and_last_quarter_of_each_completion():

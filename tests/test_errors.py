@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--task", "chess"], "unknown --task 'chess'"),
     (["--task", "chain", "--chain-length", "0"], "--chain-length must be between 1 and 110, got 0"),
     (["--task", "chain", "--chain-length", "111"], "--chain-length must be between 1 and 110, got 111"),
+    (["--task", "chains", "--chain-length", "100"], "--chain-length must be between 1 and 99, got 100"),
     (["--device", "tpu"], "unknown --device 'tpu'"),
     (["--n-experts", "1", "--routing-replay"], "--routing-replay needs a Mixture-of-Experts model"),
     (["--top-k", "9"], "--top-k must be between 1 and --n-experts (8), got 9"),
