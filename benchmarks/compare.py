@@ -1,6 +1,6 @@
 """The study: the four algorithms side by side on the toy MoE, several seeds each.
 
-    python benchmarks/compare.py            # the full study, 72 runs: about 2 hours on 2 CPU cores
+    python benchmarks/compare.py            # the full study, 72 runs: 56 min on 2 quiet CPU cores
     python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 114 runs
