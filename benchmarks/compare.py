@@ -245,6 +245,11 @@ def elapsed_file(name, quick):
     return folder / "elapsed.txt"
 
 
+def shown(path):
+    """A path as a reader of the results sees it: from the repository root."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def run_flags(name, flags, quick):
     """A run's flags, but for --seed and --out: the experiment's, the run's, then steps and evaluation."""
     shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
@@ -665,9 +670,9 @@ def long_report(runs, quick, results):
              f"{' and '.join(str(t) for t in sorted({k[1] for k in groups}))} tokens", "",
              f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs of "
              f"{steps} steps on `--task chain` (the answer's running totals, then `=` and the last one; the reward "
-             f"reads only the final answer); {run_hours:.1f} h of run time (whole processes, each on one CPU "
-             f"thread), so about {run_hours / 2:.1f} h on 2 cores, two at a time. The runs took, as run here "
-             f"(benchmarks/runs/long/elapsed.txt): " + ("; ".join(pieces) or "not recorded") + ".", "",
+             f"reads only the final answer); {run_hours * 60:.0f} min of run time (whole processes, each on one "
+             f"CPU thread), so about {run_hours * 30:.0f} min on 2 cores, two at a time. As run here "
+             f"({shown(elapsed_file('long', quick))}): " + ("; ".join(pieces) or "not recorded") + ".", "",
              "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
              "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
              "every evaluation from the first such one to the last. The *stressed* runs take twice the updates per "
