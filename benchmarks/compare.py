@@ -659,6 +659,39 @@ def long_points(runs, key):
     return points
 
 
+# claim, quantity, arms, summary key, format: the rows of long.md's claims table, one cell per length
+ALL_ARMS = tuple(arm for arm, _, _ in ARMS)
+CLAIMS = [("(a)", "PPO's critic: explained variance, first quarter", ("ppo",), "ev_q1", "{:.3f}"),
+          ("(a)", "PPO's critic: explained variance, last quarter", ("ppo",), "ev_q4", "{:.3f}"),
+          ("(a, c, e)", "final greedy accuracy", ALL_ARMS, "final", "{:.3f}"),
+          ("(b)", "token-ratio variance, mean over steps", ("grpo", "grpo + replay", "gspo"), "ratio_var_mean",
+           "{:.3g}"),
+          ("(b)", "token-ratio variance, last quarter", ("grpo", "grpo + replay", "gspo"), "ratio_var_q4", "{:.3g}"),
+          ("(c)", "seeds that fell", ALL_ARMS, "fell", None),
+          ("(e)", "clip fraction", ("grpo", "gspo"), "clip_frac", "{:.4f}")]
+
+
+def long_claims(runs):
+    """Each claim's quantities against the length: one row per quantity, model and arm, unstressed runs only."""
+    groups = long_groups(runs)
+    tokens = sorted({t for _, t, variant in groups if not variant})
+    models = list(dict.fromkeys(m for m, _, variant in groups if not variant))
+    lines = ["| claim | quantity | model | run | " + " | ".join(f"{t} tokens" for t in tokens) + " |",
+             "|" + " --- |" * (4 + len(tokens))]
+    for claim, what, arms, key, fmt in CLAIMS:
+        for model in models:
+            for arm in arms:
+                cells = []
+                for t in tokens:
+                    seeds = next((s for label, s in groups.get((model, t, ""), {}).items() if LONG[label][0] == arm), [])
+                    rows = [summarise(rs) for rs in seeds]
+                    cells.append("—" if not rows else fell_cell(rows) if key == "fell" else
+                                 mean_std([r[key] for r in rows], fmt))
+                if any(cell != "—" for cell in cells):
+                    lines.append("| " + " | ".join([claim, what, model, arm] + cells) + " |")
+    return lines
+
+
 def long_report(runs, quick, results):
     """long.md: the criterion, one table per model and length, the figures and every run's command."""
     steps = EXPERIMENTS["long"][2 if quick else 1]
@@ -692,6 +725,9 @@ def long_report(runs, quick, results):
         lines += [f"## {model}, {tokens} tokens{f', {variant}' if variant else ''}", "",
                   f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target
                                                           else "no run ended above the base."), ""] + rows + [""]
+    lines += ["## The claims, quantity by length", "", "README's claims table reads these rows (unstressed runs; "
+              "claim d is the mixed-lengths table above, claim c under stress the stressed one).", ""]
+    lines += long_claims(runs) + [""]
     long_figure(runs, results / "long.png")
     long_claims_figure(runs, results / "long-claims.png")
     lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "

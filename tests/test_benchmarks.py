@@ -316,6 +316,11 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     assert gspo[:4] == ["| gspo", "2", "0.250 ± 0.071", "1/2, 1 stopped"]
     assert gspo[columns.index("steps to half-gap")] == "—"                           # no target to reach
     assert (tmp_path / "long.png").exists() and (tmp_path / "long-claims.png").exists()
+    claims = text.split("## The claims, quantity by length")[1]
+    assert "| claim | quantity | model | run | 12 tokens | 100 tokens |" in claims     # unstressed lengths only
+    assert "| (a) | PPO's critic: explained variance, last quarter | toy MoE | ppo | 0.200 ± 0.141 | — |" in claims
+    assert "| (b) | token-ratio variance, mean over steps | toy MoE | grpo | 0.01 ± 0 | 0.5 |" in claims
+    assert "| (c) | seeds that fell | toy MoE | grpo | 1/2 | 0/1 |" in claims
     points = compare.long_points(runs, "ratio_var_mean")
     assert points[("grpo", "toy MoE")] == [(12, pytest.approx(0.01), 0.0), (100, pytest.approx(0.5), 0.0)]
     assert ("gspo", "fine toy") not in points                                       # stressed runs apart
