@@ -647,6 +647,10 @@ def long_groups(runs):
     return groups
 
 
+def group_title(model, tokens, variant):
+    return f"{model}, {'8-' if variant == 'mixed lengths' else ''}{tokens} tokens" + (f", {variant}" if variant else "")
+
+
 def long_points(runs, key):
     """{(arm, model): [(completion tokens, mean, std over seeds)]} of one summary key, unstressed runs only."""
     points = {}
@@ -722,7 +726,7 @@ def long_report(runs, quick, results):
              "each table's own: its base plus half the gap to its best arm's mean final accuracy.", ""]
     for (model, tokens, variant), group in groups.items():
         rows, base, target = table("long", {LONG[label][0]: seeds for label, seeds in group.items()})
-        lines += [f"## {model}, {tokens} tokens{f', {variant}' if variant else ''}", "",
+        lines += [f"## {group_title(model, tokens, variant)}", "",
                   f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target
                                                           else "no run ended above the base."), ""] + rows + [""]
     lines += ["## The claims, quantity by length", "", "README's claims table reads these rows (unstressed runs; "
@@ -763,7 +767,7 @@ def long_figure(runs, path):
                 ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
                                 color=colour, alpha=0.15)
             ax.axhline(base, color="grey", linestyle="--", linewidth=1)
-            ax.set(title=f"{model}, {tokens} tokens{f', {variant}' if variant else ''}", xlabel="step",
+            ax.set(title=group_title(model, tokens, variant), xlabel="step",
                    ylabel="greedy eval accuracy", ylim=(0, 1))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -328,10 +328,11 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
 
 @pytest.mark.slow
 def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
-    """Two of the quick form's runs for real (1 total a chain: 8 tokens), one seed, then long.md from them."""
+    """Three of the quick form's runs for real (1 total a chain: 8 tokens; chains of 1 and 2 mixed), one seed,
+    then long.md from them."""
     monkeypatch.setattr(compare, "RUNS", tmp_path)
-    picked = [run for run in compare.QUICK_RUNS["long"] if run[0] in ("ppo, 8 tokens, toy MoE",
-                                                                       "grpo, 8 tokens, toy MoE")]
+    picked = [run for run in compare.QUICK_RUNS["long"] if run[0] in (
+        "ppo, 8 tokens, toy MoE", "grpo, 8 tokens, toy MoE", "dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths")]
     monkeypatch.setitem(compare.QUICK_RUNS, "long", picked)
     assert compare.run_all(["long"], [0], quick=True, jobs=2, threads=1, rerun=False) == 0
     runs = compare.collect("long", [0], quick=True)
@@ -341,6 +342,9 @@ def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
     compare.long_report(runs, True, tmp_path)
     text = (tmp_path / "long.md").read_text()
     assert "## toy MoE, 8 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
+    mixed = [r for r in runs["dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths"][0] if "step_time_s" in r]
+    assert 8 < sum(r["response_len_mean"] for r in mixed) / len(mixed) < 12            # lengths 8 and 12 mixed
+    assert "## toy MoE, 8-12 tokens, mixed lengths" in text and "| dapo, sequence mean | 1 |" in text
 
 
 def test_bases_unknown_base_is_refused(capsys):
