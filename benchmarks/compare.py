@@ -786,17 +786,18 @@ def long_claims_figure(runs, path):
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     style = {"toy MoE": "-", "fine toy": "--", "dense toy": ":"}
     for ax, key, title, only, yscale in (
-            (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o) and last (s) quarter",
+            (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o, blue) and last (s, cyan) quarter",
              ("ppo",), "linear"),
             (axes[0, 1], ("final",), "(a, c, d, e) final greedy accuracy", None, "linear"),
             (axes[1, 0], ("ratio_var_mean",), "(b) token-ratio variance, mean over steps",
              ("grpo", "grpo + replay", "gspo"), "log"),
             (axes[1, 1], ("clip_frac",), "(e) clip fraction, mean over steps", None, "log")):
-        for k, marker in zip(key, "os"):
+        for k, marker, quarter_colour in zip(key, "os", ("C0", "C9")):
             for (arm, model), pts in long_points(runs, k).items():
                 if only is None or arm in only:
                     ax.errorbar([t for t, _, _ in pts], [m for _, m, _ in pts], yerr=[d for _, _, d in pts],
-                                color=ARM_COLOURS[arm], linestyle=style[model], marker=marker, capsize=3,
+                                color=quarter_colour if len(key) > 1 else ARM_COLOURS[arm], linestyle=style[model],
+                                marker=marker, capsize=3,
                                 label=f"{arm}, {model}" + (f" ({'first' if marker == 'o' else 'last'} quarter)"
                                                            if len(key) > 1 else ""))
         if key == ("final",):                                         # and each model's bases, grey
