@@ -618,8 +618,8 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
     them) reaches `target`, and returns that average. A fixed number of steps would stop on a steep,
     jagged part of the learning curve, where a CPU's rounding or the seed moves the base by 0.2; the
     average climbs smoothly (~0.01 a step), so every machine and seed stops at 0.40-0.42. Cached on
-    disk keyed by every setting, so only the first run pays for it (on 2 CPU cores: 7 s for `add`,
-    48 s for `progression`, 44 s for `chain` at its default length).
+    disk keyed by every setting, so only the first run pays for it (on 2 CPU cores, benchmarks/results/bases.md:
+    5 s for `add`, 46 s for `chain` at its default length, 146 s at 100 tokens).
     Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
     key = json.dumps([dataclasses.asdict(cfg), target, batch_size, lr, ema, aux_coef, seed, max_steps,
                       task.ramble_share, world.max_new_tokens if task.ramble else None,

@@ -67,19 +67,24 @@ def main(argv=None):
         task, length, model = BASES[label]
         results = [build(task, length, model, seed, threads) for seed, threads in TRIALS]
         accs = [a for a, _ in results]
-        tokens = {"add": "3-4", "progression": "2-24", "chain": str(4 * length + 4)}.get(task, f"8-{4 * length + 4}")
+        tokens = ("3-4" if task == "add" else "2-24" if task == "progression" else
+                  str(4 * length + 4) if task == "chain" else f"8-{4 * length + 4}")
         lines.append("| " + " | ".join([label, tokens] + [f"{a:.3f}" for a in accs] + [
             f"{max(accs) - min(accs):.3f}", f"{results[0][1]:.0f} / {results[3][1]:.0f}"]) + " |")
         print(lines[-1], flush=True)
+        write(lines, labels, args.only)                  # after each base: a run cut short keeps what it measured
+    print(f"wrote {RESULTS / 'bases.md'}")
+
+
+def write(lines, labels, only):
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bases.md").write_text(
         "# The warm-started bases\n\n"
-        f"`python benchmarks/bases.py{'' if labels == list(BASES) else ' --only ' + repr(args.only)}`: greedy "
+        f"`python benchmarks/bases.py{'' if labels == list(BASES) else ' --only ' + repr(only)}`: greedy "
         "accuracy on the 500 held-out prompts where each warm start stopped (its target: 0.40, on an EMA of the "
         "weights), from an empty cache, for warm-start seeds 0-2 on one thread and seed 0 on two; seconds of the "
         "warm start alone. The rule: spread 0.03 or less; `chain` at most 2 minutes on 2 cores.\n\n"
         + "\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'bases.md'}")
 
 
 if __name__ == "__main__":

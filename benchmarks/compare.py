@@ -701,11 +701,13 @@ def long_report(runs, quick, results):
     steps = EXPERIMENTS["long"][2 if quick else 1]
     groups = long_groups(runs)
     n_runs = sum(len(seeds) for seeds in runs.values())
+    planned = len(runs) * max(len(seeds) for seeds in runs.values())        # every run, as many seeds as the most
     run_hours = sum(rs[-1]["wall_seconds"] or 0 for seeds in runs.values() for rs in seeds) / 3600
     pieces = elapsed_file("long", quick).read_text().splitlines() if elapsed_file("long", quick).exists() else []
     lines = [f"# Long answers{' (--quick: a smoke run, not results)' if quick else ''}: the papers' claims at "
              f"{' and '.join(str(t) for t in sorted({k[1] for k in groups}))} tokens", "",
-             f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs of "
+             f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs"
+             f"{'' if n_runs == planned else f' (of {planned} planned: the others have not run yet)'} of "
              f"{steps} steps on `--task chain` (the answer's running totals, then `=` and the last one; the reward "
              f"reads only the final answer); {run_hours * 60:.0f} min of run time (whole processes, each on one "
              f"CPU thread), so about {run_hours * 30:.0f} min on 2 cores, two at a time. As run here "
