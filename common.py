@@ -1123,23 +1123,18 @@ def ratio_metrics(logp, old_logp, mask, routing, old_routing, aux_loss):
         metrics = {"token_ratio_var": variance(ratio, mask), **by_quarter("token_ratio_var", ratio, mask, variance)}
         if routing is None:
             return metrics
-        changed = experts_changed(routing, old_routing, mask.shape[1])                    # [L, N, T]
+        new_share = experts_new(routing, old_routing, mask.shape[1])                       # [L, N, T]
+        changed = new_share > 0                        # k distinct experts: the set differs iff one is new
         rerouted, valid_log_ratio = changed.any(0)[valid], log_ratio[valid]                # in any layer
         mean_abs = lambda x: x.abs().mean().item() if len(x) else float("nan")
         drift = changed.float().mean(0)                                                    # [N, T], over layers
-        new = experts_new(routing, old_routing, mask.shape[1]).mean(0)                     # [N, T], over layers
+        new = new_share.mean(0)                                                            # [N, T], over layers
         return metrics | {"routing_drift": masked_mean(drift, mask).item(), **by_quarter("routing_drift", drift, mask),
                           "expert_drift": masked_mean(new, mask).item(),
                           "rerouted_token_frac": rerouted.float().mean().item(),
                           "abs_log_ratio_rerouted": mean_abs(valid_log_ratio[rerouted]),
                           "abs_log_ratio_other": mean_abs(valid_log_ratio[~rerouted]),
                           "load_balancing_loss": float("nan") if aux_loss is None else aux_loss.item()}
-
-
-def experts_changed(routing, old_routing, T):
-    """[L, N, T] bool: the top-k expert set differs from the recorded one, at the positions that
-    predict the T completion tokens. routing, old_routing [L, N, P+T-1, k]."""
-    return (routing[:, :, -T:].sort(-1).values != old_routing[:, :, -T:].sort(-1).values).any(-1)
 
 
 def experts_new(routing, old_routing, T):
@@ -1151,7 +1146,7 @@ def experts_new(routing, old_routing, T):
 
 def routing_drift(routing, old_routing, mask):
     """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one."""
-    return masked_mean(experts_changed(routing, old_routing, mask.shape[1]).float().mean(0), mask).item()
+    return masked_mean((experts_new(routing, old_routing, mask.shape[1]) > 0).float().mean(0), mask).item()
 
 
 def mean_metrics(per_minibatch):
