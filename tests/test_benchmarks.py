@@ -279,6 +279,15 @@ def long_rows(accuracies, ev=None, ratio_var=0.01):
     return out
 
 
+def without_figures(monkeypatch):
+    """The long report's figures need matplotlib (benchmarks/requirements.txt), which the suite does not install:
+    record which files it would draw instead."""
+    drawn = []
+    monkeypatch.setattr(compare, "long_figure", lambda runs, path: drawn.append(path.name))
+    monkeypatch.setattr(compare, "long_claims_figure", lambda runs, path: drawn.append(path.name))
+    return drawn
+
+
 def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_every_command(tmp_path, monkeypatch):
     runs = {label: [] for label, _, _ in compare.EXPERIMENTS["long"][3]}
     runs["ppo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.5, 0.6], ev=(0.5, 0.1)), long_rows([0.4, 0.5, 0.7],
@@ -292,7 +301,9 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
             rs[-1]["seed"] = seed                                                 # as collect() marks them
     monkeypatch.setattr(compare, "RUNS", tmp_path)
     compare.elapsed_file("long", False).write_text("50.0 min, 60 runs, 2 at a time on 1 thread(s) each: long\n")
+    drawn = without_figures(monkeypatch)
     compare.long_report(runs, False, tmp_path)
+    assert drawn == ["long.png", "long-claims.png"]
     text = (tmp_path / "long.md").read_text()
     sections = text.split("\n## ")
     assert [s.split("\n")[0] for s in sections[1:4]] == ["toy MoE, 12 tokens", "toy MoE, 100 tokens",
@@ -315,7 +326,6 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     gspo = stressed[6].split(" | ")
     assert gspo[:4] == ["| gspo", "2", "0.250 ± 0.071", "1/2, 1 stopped"]
     assert gspo[columns.index("steps to half-gap")] == "—"                           # no target to reach
-    assert (tmp_path / "long.png").exists() and (tmp_path / "long-claims.png").exists()
     claims = text.split("## The claims, quantity by length")[1]
     assert "| claim | quantity | model | run | 12 tokens | 100 tokens |" in claims     # unstressed lengths only
     assert "| (a) | PPO's critic: explained variance, last quarter | toy MoE | ppo | 0.200 ± 0.141 | — |" in claims
@@ -339,7 +349,9 @@ def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
     ppo = [r for r in runs["ppo, 8 tokens, toy MoE"][0] if "step_time_s" in r]
     assert len(ppo) == 6 and all(r["response_len_mean"] > 4 for r in ppo)          # 8 tokens at the base
     assert {"explained_variance_q1", "explained_variance_q4", "token_ratio_var_q4", "clip_frac_q1"} <= ppo[0].keys()
+    drawn = without_figures(monkeypatch)
     compare.long_report(runs, True, tmp_path)
+    assert drawn == ["long.png", "long-claims.png"]
     text = (tmp_path / "long.md").read_text()
     assert "## toy MoE, 8 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
     mixed = [r for r in runs["dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths"][0] if "step_time_s" in r]
