@@ -739,6 +739,16 @@ def long_report(runs, quick, results):
     lines += ["## The claims, quantity by length", "", "README's claims table reads these rows (unstressed runs; "
               "claim d is the mixed-lengths table above, claim c under stress the stressed one).", ""]
     lines += long_claims(runs) + [""]
+    lines += ["**How README's verdicts are read from these rows** (written down after the toy MoE's runs, before the "
+              "fine toy's). Two means differ when they are further apart than the larger of their two stds over "
+              "seeds; a claim *holds here* when its direction shows on every model measured, *does not hold here* "
+              "when it shows on none, *mixed* otherwise. (a) the critic's last-quarter explained variance below its "
+              "first-quarter one at the model's longest length, and PPO's lead over GRPO in final greedy accuracy "
+              "smaller at the longest length than at 12 tokens, gone or reversed; (b) GRPO's token-ratio variance "
+              "higher at the longest length than at 12 tokens on an MoE (and not on the dense toy), and not so with "
+              "replay or GSPO; (c) GRPO falls in more seeds than both GRPO + replay and GSPO, at the longest length "
+              "or stressed; (d) the token-level loss ends above the per-sequence mean on mixed lengths; (e) GSPO's "
+              "clip fraction 10x GRPO's or more, and its final greedy accuracy not below GRPO's, at every length.", ""]
     long_figure(runs, results / "long.png")
     long_claims_figure(runs, results / "long-claims.png")
     lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "
