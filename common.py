@@ -1144,11 +1144,6 @@ def experts_new(routing, old_routing, T):
     return (chosen[..., :, None] != recorded[..., None, :]).all(-1).float().mean(-1)
 
 
-def routing_drift(routing, old_routing, mask):
-    """Share of (completion token, layer) pairs whose top-k expert set differs from the recorded one."""
-    return masked_mean((experts_new(routing, old_routing, mask.shape[1]) > 0).float().mean(0), mask).item()
-
-
 def mean_metrics(per_minibatch):
     """Average metric dicts (one per minibatch) key by key over their finite values (a skipped
     update's NaN is left out); skipped_updates is a count, so it is summed."""
