@@ -805,7 +805,7 @@ def long_claims_figure(runs, path):
     for ax, key, title, only, yscale in (
             (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o, blue) and last (s, cyan) quarter",
              ("ppo",), "linear"),
-            (axes[0, 1], ("final",), "(a, c, d, e) final greedy accuracy", None, "linear"),
+            (axes[0, 1], ("final",), "(a, c, e) final greedy accuracy", None, "linear"),
             (axes[1, 0], ("ratio_var_mean",), "(b) token-ratio variance, mean over steps",
              ("grpo", "grpo + replay", "gspo"), "log"),
             (axes[1, 1], ("clip_frac",), "(e) clip fraction, mean over steps", None, "log")):
