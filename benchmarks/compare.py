@@ -701,6 +701,12 @@ def long_claims(runs):
     return lines
 
 
+def spoken(items):
+    """[12, 44, 100] -> '12, 44 and 100'."""
+    *rest, last = map(str, items)
+    return f"{', '.join(rest)} and {last}" if rest else last
+
+
 def long_report(runs, quick, results):
     """long.md: the criterion, one table per model and length, the figures and every run's command."""
     steps = EXPERIMENTS["long"][2 if quick else 1]
@@ -710,7 +716,7 @@ def long_report(runs, quick, results):
     run_hours = sum(rs[-1]["wall_seconds"] or 0 for seeds in runs.values() for rs in seeds) / 3600
     pieces = elapsed_file("long", quick).read_text().splitlines() if elapsed_file("long", quick).exists() else []
     lines = [f"# Long answers{' (--quick: a smoke run, not results)' if quick else ''}: the papers' claims at "
-             f"{' and '.join(str(t) for t in sorted({k[1] for k in groups}))} tokens", "",
+             f"{spoken(sorted({k[1] for k in groups}))} tokens", "",
              f"Regenerate: `python benchmarks/compare.py --only long{' --quick' if quick else ''}`: {n_runs} runs"
              f"{'' if n_runs == planned else f' (of {planned} planned: the others have not run yet)'} of "
              f"{steps} steps on `--task chain` (the answer's running totals, then `=` and the last one; the reward "
