@@ -62,29 +62,39 @@ def main(argv=None):
         parser.error(f"unknown base {', '.join(unknown)}; choose from {', '.join(BASES)}")
     header = ["base", "completion tokens"] + [f"seed {s}, {t} thread{'s' * (t > 1)}" for s, t in TRIALS] + [
         "spread", "seconds (seed 0: 1 / 2 threads)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = measured()                                    # the bases measured before: kept unless measured again
     for label in labels:
         task, length, model = BASES[label]
         results = [build(task, length, model, seed, threads) for seed, threads in TRIALS]
         accs = [a for a, _ in results]
         tokens = ("3-4" if task == "add" else "2-24" if task == "progression" else
                   str(4 * length + 4) if task == "chain" else f"8-{4 * length + 4}")
-        lines.append("| " + " | ".join([label, tokens] + [f"{a:.3f}" for a in accs] + [
-            f"{max(accs) - min(accs):.3f}", f"{results[0][1]:.0f} / {results[3][1]:.0f}"]) + " |")
-        print(lines[-1], flush=True)
-        write(lines, labels, args.only)                  # after each base: a run cut short keeps what it measured
+        rows[label] = "| " + " | ".join([label, tokens] + [f"{a:.3f}" for a in accs] + [
+            f"{max(accs) - min(accs):.3f}", f"{results[0][1]:.0f} / {results[3][1]:.0f}"]) + " |"
+        print(rows[label], flush=True)
+        write(header, rows)                              # after each base: a run cut short keeps what it measured
     print(f"wrote {RESULTS / 'bases.md'}")
 
 
-def write(lines, labels, only):
+def measured():
+    """{label: its row} from the bases.md there is."""
+    path = RESULTS / "bases.md"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and
+            line.split(" | ")[0][2:] in BASES}
+
+
+def write(header, rows):
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bases.md").write_text(
         "# The warm-started bases\n\n"
-        f"`python benchmarks/bases.py{'' if labels == list(BASES) else ' --only ' + repr(only)}`: greedy "
+        "`python benchmarks/bases.py` measures every base, `--only LABEL` one (each row was measured so, not all "
+        "on one day; a row stays until its base is measured again): greedy "
         "accuracy on the 500 held-out prompts where each warm start stopped (its target: 0.40, on an EMA of the "
         "weights), from an empty cache, for warm-start seeds 0-2 on one thread and seed 0 on two; seconds of the "
         "warm start alone. The rule: spread 0.03 or less; `chain` at most 2 minutes on 2 cores.\n\n"
-        + "\n".join(lines) + "\n")
+        + "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+                     + [rows[label] for label in BASES if label in rows]) + "\n")
 
 
 if __name__ == "__main__":

@@ -367,3 +367,17 @@ def test_bases_unknown_base_is_refused(capsys):
     assert stop.value.code == 2 and "unknown base chain 7" in capsys.readouterr().err
     lengths = set(compare.LENGTHS["toy MoE"])                                       # the long experiment's
     assert {bases.BASES[f"chain {n}"][1] for n in lengths} == lengths
+
+
+def test_bases_keeps_the_rows_it_did_not_measure_again(tmp_path, monkeypatch):
+    import bases
+    monkeypatch.setattr(bases, "RESULTS", tmp_path)
+    trials = iter([(0.40, 30.0), (0.42, 31.0), (0.41, 29.0), (0.40, 20.0)] * 2)
+    monkeypatch.setattr(bases, "build", lambda task, length, model, seed, threads: next(trials))
+    bases.main(["--only", "chain 10"])
+    (tmp_path / "bases.md").write_text((tmp_path / "bases.md").read_text() + "| add | 3-4 | old row |\n")
+    bases.main(["--only", "chain 2"])
+    rows = [line for line in (tmp_path / "bases.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert rows == ["| add | 3-4 | old row |",                                     # in BASES' order
+                    "| chain 2 | 12 | 0.400 | 0.420 | 0.410 | 0.400 | 0.020 | 30 / 20 |",
+                    "| chain 10 | 44 | 0.400 | 0.420 | 0.410 | 0.400 | 0.020 | 30 / 20 |"]
