@@ -59,9 +59,9 @@ ARMS = [("ppo", "ppo.py", []), ("grpo", "grpo.py", []), ("grpo + replay", "grpo.
         ("gspo", "gspo.py", []), ("dapo", "dapo.py", [])]
 LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr default (tests/test_benchmarks.py checks it)
 MODELS = {"toy MoE": [], "fine toy": FINE}
-# The long experiment's --chain-length per model: completions of 12, 44 and 100 tokens. The fine toy's runs cost
-# 3-4x the toy MoE's (150 steps of grpo at 12 tokens: 68 s against 23 s), so at 100 tokens its 15 runs would add
-# about 2 h to the experiment's 3-h budget: it stops at 44.
+# The long experiment's --chain-length per model: completions of 12, 44 and 100 tokens. The fine toy's steps cost
+# 2.8-5.3x the toy MoE's (150 steps of grpo at 12 tokens: 68 s against 23 s), so at 100 tokens its 15 runs would add
+# about 2 h, past the experiment's 3-hour budget: it stops at 44.
 LENGTHS = {"toy MoE": (2, 10, 24), "fine toy": (2, 10)}
 # The stressed variant: twice the updates per rollout batch. On the fine toy at 44 tokens (20-step pilots, grpo.py
 # --task chain with FINE) it moves routing drift from 0.057 to 0.105, expert drift (the paper's measure) to 0.014
