@@ -80,8 +80,8 @@ def measured():
     """{label: its row} from the bases.md there is."""
     path = RESULTS / "bases.md"
     lines = path.read_text().splitlines() if path.exists() else []
-    return {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and
-            line.split(" | ")[0][2:] in BASES}
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    return {label: row for label, row in rows.items() if label in BASES}
 
 
 def write(header, rows):

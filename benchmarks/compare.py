@@ -73,6 +73,11 @@ LONG_MODELS = MODELS | {"dense toy": ["--n-experts", "1"]}
 VARIANTS = {"": [], "stressed": STRESSED, "mixed lengths": ["--task", "chains"]}
 
 
+def span(tokens, variant):
+    """The completion length of a run: mixed lengths run from the 1-total chain's 8 tokens to the longest."""
+    return f"{'8-' if variant == 'mixed lengths' else ''}{tokens} tokens"
+
+
 def long_runs(lengths, stressed_length):
     """The long experiment's runs: every arm at each model's chain lengths (a dict); grpo on the dense toy (one
     expert: is a growth of the token-ratio variance with length the MoE's doing?); dapo with its token-level
@@ -82,8 +87,7 @@ def long_runs(lengths, stressed_length):
     runs = []
     def add(arm, script, flags, n, model, variant=""):
         tokens = 4 * n + 4
-        label = (f"{arm}, {'8-' if variant == 'mixed lengths' else ''}{tokens} tokens, {model}"
-                 + (f", {variant}" if variant else ""))
+        label = f"{arm}, {span(tokens, variant)}, {model}" + (f", {variant}" if variant else "")
         LONG[label] = (arm, tokens, model, variant)
         runs.append((label, script, flags + ["--chain-length", str(n)] + LONG_MODELS[model] + VARIANTS[variant]))
     for model, chain_lengths in lengths.items():
@@ -653,7 +657,7 @@ def long_groups(runs):
 
 
 def group_title(model, tokens, variant):
-    return f"{model}, {'8-' if variant == 'mixed lengths' else ''}{tokens} tokens" + (f", {variant}" if variant else "")
+    return f"{model}, {span(tokens, variant)}" + (f", {variant}" if variant else "")
 
 
 def long_points(runs, key):

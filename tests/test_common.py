@@ -100,6 +100,7 @@ def test_fixed_logprobs_in_chunks_match_one_pass_and_record_routing():
     changed[0, :, -T:] = (changed[0, :, -T:] + 1) % 8                               # layer 0 of 2: each expert +1
     new = common.experts_new(changed, old_routing, T)
     assert new[1].sum() == 0 and ((new[0] == 0.5) | (new[0] == 1)).all()  # top-2, each +1: 1 or 2 of 2 new
+    assert ((new > 0).float().mean(0) == 0.5).all()          # routing drift: half the (token, layer) pairs re-routed
 
 
 @pytest.mark.parametrize("text, answer, reward", [
