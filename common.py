@@ -737,7 +737,9 @@ def load_hf(name, device, dtype=torch.float32):
     weights in fp32 (the optimizer's master weights), or in the checkpoint's dtype with dtype="auto"."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     path = os.path.expanduser(name)
-    if not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
+    if path.endswith(".gguf"):
+        path = gguf_folder(name)
+    elif not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
         check(not os.path.exists(path), f"--model {name}: not a folder")
         check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
     else:
@@ -756,6 +758,44 @@ def load_hf(name, device, dtype=torch.float32):
     # and training_mode will set its dropout to 0.
     model.original_config = config
     return watch_routers(model.to(device)), tokenizer
+
+
+def gguf_folder(name):
+    """--model FILE.gguf (llama.cpp's format: quantized weights and the tokenizer in one file) as a Hugging Face folder.
+    transformers reads it (with the `gguf` package) and dequantizes every weight to fp32, which takes tens of seconds
+    (23 s for SmolLM2-135M's Q4_1 file on 2 cores), so it is done once and the folder (fp32 safetensors, config,
+    tokenizer) cached like the toy's base, keyed by the file's contents: $RL_CACHE_DIR, default
+    ~/.cache/llm-rl-reference. The weights are the quantized values, not the original model's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = Path(name).expanduser()
+    check(path.is_file(), f"--model {name}: no such file")
+    try:
+        import gguf  # noqa: F401  (transformers needs it to read the file)
+    except ImportError:
+        raise UsageError(f"--model {name}: reading a GGUF file needs the gguf package: pip install gguf") from None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    cache_dir = Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "llm-rl-reference"))
+    folder = cache_dir / f"gguf-{digest.hexdigest()[:16]}"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    print(f"converting {name} to a Hugging Face folder, once: {folder}", file=sys.stderr)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as e:  # a broken or unsupported file raises many kinds; any of them means: cannot use it
+        raise UsageError(f"--model {name}: cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+    # save_pretrained refuses a model that says it is quantized; its weights are plain fp32 tensors by now.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")  # two runs converting the same file never share one
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return str(folder)
 
 
 def lora_config(args):
@@ -1074,13 +1114,15 @@ def answer_reward(completion, answer, finished):
 
 @torch.no_grad()
 def evaluate(model, world, batch_size=512):
-    """Greedy accuracy on the fixed held-out set."""
-    correct = 0.0
+    """Greedy on the fixed held-out set: the accuracy (mean reward) and the share of answers cut off at the length
+    limit (a truncated answer scores 0, so accuracy / (1 - truncated) is the accuracy among finished answers)."""
+    correct = truncated = 0.0
     for start in range(0, len(world.eval), batch_size):
         rows = world.eval[start:start + batch_size]
         rollout = generate(model, world, [p for p, _ in rows], 1, 1.0, greedy=True)
         correct += rewards_of(world, rollout, [a for _, a in rows], 1).sum().item()
-    return correct / len(world.eval)
+        truncated += (~rollout.finished).sum().item()
+    return {"eval_accuracy": correct / len(world.eval), "eval_truncated_frac": truncated / len(world.eval)}
 
 
 def rollout_metrics(rewards, rollout):
@@ -1335,7 +1377,7 @@ class Run:
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
-            self.write({"step": 0, "eval_accuracy": evaluate(self.policy, world)})
+            self.write({"step": 0, **evaluate(self.policy, world)})
             print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
                   f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
 
@@ -1374,7 +1416,7 @@ class Run:
         step, args = record["step"], self.args
         record["peak_memory_mb"] = peak_memory_mb(next(self.policy.parameters()).device)
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
-            record["eval_accuracy"] = evaluate(self.policy, self.world)
+            record |= evaluate(self.policy, self.world)
         self.write(record)
         self.bar.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{record['accuracy']:.2f}",
                              eval=f"{self.last_eval():.2f}", refresh=False)

@@ -61,7 +61,8 @@ class Args:
     task: str = arg("add", "toy task (ignored with --model): " + ", ".join(common.TASKS))
     chain_length: int = arg(common.CHAIN_LENGTH, "--task chain: running totals in each completion, 4 tokens each "
                                                  "(default 10: 44 tokens); --task chains: every length up to it")
-    model: Optional[str] = arg(None, "Hugging Face causal LM, a local folder or Hub id (default: the toy MoE)")
+    model: Optional[str] = arg(None, "Hugging Face causal LM: a local folder, a Hub id or a FILE.gguf (needs gguf) "
+                                     "(default: the toy MoE)")
     data: Optional[str] = arg(None, 'JSONL file of {"prompt": ..., "answer": ...} rows, used with --model; reward 1 '
                               'when the final answer (last \\boxed{}, else "#### x" line, else last number) equals '
                               '"answer" and the completion ended (a truncated one scores 0)')

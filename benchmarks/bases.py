@@ -49,7 +49,7 @@ def build(task, length, model, seed, threads):
         start = time.perf_counter()
         base, _ = common.warm_start(world, cfg, common.TASKS[task], seed=seed)
         seconds = time.perf_counter() - start
-    return common.evaluate(base.eval(), world), seconds
+    return common.evaluate(base.eval(), world)["eval_accuracy"], seconds
 
 
 def main(argv=None):

@@ -54,6 +54,25 @@ def test_model_folder_that_is_not_a_model(tmp_path, jsonl, capsys):
     assert code == 2 and "no config.json in that folder" in err
 
 
+def test_gguf_file_that_does_not_exist(tmp_path, jsonl, capsys):
+    code, err = run(grpo, ["--model", str(tmp_path / "nope.gguf"), "--data", str(jsonl)], capsys)
+    assert code == 2 and f"--model {tmp_path / 'nope.gguf'}: no such file" in err
+
+
+def test_gguf_file_without_the_gguf_package(tmp_path, jsonl, capsys, monkeypatch):
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "gguf", None)          # what `import gguf` meets when it is not installed
+    code, err = run(grpo, ["--model", str(tmp_path / "model.gguf"), "--data", str(jsonl)], capsys)
+    assert code == 2 and err.strip().endswith("needs the gguf package: pip install gguf") and "Traceback" not in err
+
+
+def test_gguf_file_that_is_not_one(tmp_path, jsonl, capsys):
+    pytest.importorskip("gguf")
+    (tmp_path / "model.gguf").write_bytes(b"not a gguf file at all")
+    code, err = run(grpo, ["--model", str(tmp_path / "model.gguf"), "--data", str(jsonl)], capsys)
+    assert code == 2 and "cannot load this GGUF file" in err and "Traceback" not in err
+
+
 def test_model_that_is_not_a_causal_lm(tmp_path, jsonl, hf_dense, capsys):
     from transformers import ViTConfig, ViTModel
     ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,

