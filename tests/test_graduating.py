@@ -10,7 +10,10 @@ import pytest
 import torch
 import yaml
 
+import common
 import dapo
+import grpo
+import gspo
 import ppo
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -170,3 +173,156 @@ def test_dapo_sequence_mean_divides_by_every_completion_masked_ones_too():
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     loss, _ = dapo.policy_loss(logp, logp, torch.tensor([1.5, -1.0, 0.6]), mask, token_level=False)
     assert loss.item() == pytest.approx(-0.7)
+
+
+# --print-verl and --print-trl: the printed settings, composed in verl's own config and built in TRL.
+MODEL_AND_DATA = ["--model", "Qwen/Qwen3-0.6B", "--data", "train.jsonl", "--max-new-tokens", "512"]
+SETTINGS = [(grpo, []), (grpo, ["--beta", "0.04", "--clip-eps", "0.1", "--routing-replay", "--lora-r", "8",
+                                "--gradient-checkpointing", "--reward", "mine.py:score"]),
+            (gspo, []), (gspo, ["--token-level", "--group-size", "4", "--minibatches", "2"]),
+            (dapo, []), (dapo, ["--no-clip-higher", "--no-token-level-loss", "--no-dynamic-sampling",
+                                "--overlong-filtering", "--overlong-buffer", "64"]),
+            (ppo, []), (ppo, ["--lora-r", "8", "--epochs", "3"])]
+
+
+def printed(script, flags, capsys, what="--print-verl"):
+    script.main([*MODEL_AND_DATA, *flags, what])
+    return capsys.readouterr().out
+
+
+def overrides(text):
+    """The overrides of a printed verl command (the lines after `python3 -m verl.trainer.main_ppo`)."""
+    lines = [line.strip().rstrip("\\").strip() for line in text.split("verl.trainer.main_ppo")[1].splitlines()]
+    return [line for line in lines if line]
+
+
+@pytest.fixture(scope="module")
+def verl_config():
+    hydra = pytest.importorskip("hydra", reason="hydra-core is not installed (pip install hydra-core)")
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not installed (pip install --no-deps verl==0.9.1)")
+    folder = str(Path(spec.origin).parent / "trainer" / "config")
+
+    def composed(keys):
+        with hydra.initialize_config_dir(config_dir=folder, version_base=None):
+            return hydra.compose(config_name="ppo_trainer", overrides=keys)
+    return composed
+
+
+@pytest.mark.parametrize("script, flags", SETTINGS)
+def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_config, capsys):
+    args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
+    config = verl_config(overrides(printed(script, flags, capsys)))     # a key verl lacks raises here
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert config.data.train_batch_size == args.prompts_per_step and rollout.n == args.group_size
+    assert actor.ppo_mini_batch_size * args.minibatches == args.prompts_per_step
+    assert actor.optim.lr == args.lr and config.data.max_response_length == 512
+    assert config.actor_rollout_ref.model.path == "Qwen/Qwen3-0.6B"
+    assert config.algorithm.adv_estimator == ("gae" if script is ppo else "grpo")
+    if script in (grpo, ppo):
+        low = high = args.clip_eps
+    else:
+        low, high = args.clip_eps_low, args.clip_eps_high if script is gspo or args.clip_higher else args.clip_eps_low
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (low, high)
+    token_mean = script is ppo or script is dapo and args.token_level_loss
+    assert actor.loss_agg_mode == ("token-mean" if token_mean else "seq-mean-token-mean")
+    assert actor.policy_loss.loss_mode == ("gspo" if script is gspo else "vanilla")
+    assert actor.use_kl_loss == (script is grpo and args.beta > 0)
+    assert config.actor_rollout_ref.model.lora_rank == args.lora_r
+    assert config.reward.custom_reward_function.name == "verl_reward"
+    if script is dapo:
+        assert config.algorithm.filter_groups.enable == args.dynamic_sampling
+        assert (config.reward.reward_manager.name == "dapo") == args.overlong_shaping
+    if script is ppo:
+        assert config.algorithm.use_kl_in_reward and config.algorithm.kl_ctrl.kl_coef == args.beta_kl
+        assert actor.ppo_epochs == config.critic.ppo_epochs == args.epochs
+        assert config.critic.model.path == "Qwen/Qwen3-0.6B" and config.critic.model.lora_rank == args.lora_r
+
+
+def test_a_changed_flag_changes_the_printed_value(capsys):
+    assert "actor_rollout_ref.rollout.n=8" in overrides(printed(grpo, [], capsys))
+    assert "actor_rollout_ref.rollout.n=4" in overrides(printed(grpo, ["--group-size", "4"], capsys))
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.3" in overrides(printed(dapo, ["--clip-eps-high", "0.3"], capsys))
+    assert "num_generations=4," in printed(gspo, ["--group-size", "4"], capsys, "--print-trl")
+    assert "epsilon_high=0.3," in printed(dapo, ["--clip-eps-high", "0.3"], capsys, "--print-trl")
+
+
+def test_what_verl_lacks_is_a_comment_never_a_key(capsys):
+    text = printed(grpo, ["--routing-replay"], capsys)
+    assert "# --routing-replay: verl replays experts only in its Megatron and VeOmni engines" in text
+    assert not any("router_replay" in key for key in overrides(text))
+    assert "# --overlong-filtering" in printed(dapo, ["--overlong-filtering"], capsys)
+    assert printed(ppo, [], capsys, "--print-trl").strip() == \
+        "# TRL 1.16 has no PPO trainer (removed in 1.0); verl has one: python ppo.py ... --print-verl"
+
+
+@pytest.mark.parametrize("script, flags", [s for s in SETTINGS if s[0] is not ppo])
+def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, flags, capsys):
+    pytest.importorskip("trl", reason="trl is not installed (pip install --no-deps trl==1.16.0)")
+    from trl import GRPOConfig
+    args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
+    code = printed(script, flags, capsys, "--print-trl")
+    call = re.search(r"^config = (GRPOConfig\(.*?^\))", code, re.S | re.M).group(1)
+    config = eval(call.replace('output_dir="runs/trl",', 'output_dir="runs/trl", use_cpu=True,'),
+                  {"GRPOConfig": GRPOConfig})
+    eps_low = args.clip_eps if script is grpo else args.clip_eps_low
+    eps_high = (args.clip_eps if script is grpo else args.clip_eps_high if script is gspo or args.clip_higher
+                else args.clip_eps_low)
+    assert config.num_generations == args.group_size and config.epsilon == eps_low
+    assert config.epsilon_high == eps_high
+    assert config.beta == (args.beta if script is grpo else 0.0)
+    assert config.loss_type == ("dapo" if script is dapo and args.token_level_loss else "grpo")
+    assert config.importance_sampling_level == ("sequence" if script is gspo else "token")
+    assert config.generation_batch_size == args.prompts_per_step * args.group_size
+    assert config.steps_per_generation == args.minibatches and config.learning_rate == args.lr
+    assert ("peft_config=LoraConfig(r=8" in code) == bool(args.lora_r)
+    shaping = script is dapo and args.overlong_shaping           # dapo.py's buffer: a quarter of the limit by default
+    assert shaping == (f"get_soft_overlong_punishment(512, {shaping and (args.overlong_buffer or 128)})" in code)
+
+
+def same(a, b):
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def test_the_readme_table_says_what_the_scripts_print(capsys):
+    # Every verl key of README's table is printed by some setting, with the table's value where it gives one
+    # (Routing Replay's in a comment); every TRL name of the table appears in some printed code.
+    verl_texts = [printed(script, flags, capsys) for script, flags in SETTINGS]
+    values = {}
+    for key, _, value in (line.lstrip("+").partition("=") for text in verl_texts for line in overrides(text)):
+        values.setdefault(key, []).append(value)
+    comments = "\n".join(line for text in verl_texts for line in text.splitlines() if line.startswith("#"))
+    for plus, key, value in verl_keys():
+        if "router_replay" in key:
+            assert re.sub(r"^actor_rollout_ref\.", "", key) in comments, f"README's table: {key} in no comment"
+            continue
+        assert key in values, f"README's table: {key} is printed by no setting"
+        if value is not None and value not in PLACEHOLDERS:
+            assert any(same(value, v) for v in values[key]), f"README's table: {key}={value}, printed {values[key]}"
+    trl_text = "\n".join(printed(script, flags, capsys, "--print-trl") for script, flags in SETTINGS)
+    for name, value in sum(table_cells(1), []):
+        assert name in trl_text, f"README's table: TRL's {name} is in no printed code"
+
+
+def test_export_verl_data_writes_the_scripts_split_as_verls_parquet(jsonl, tmp_path, capsys):
+    parquet = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (pip install pyarrow)")
+    grpo.main(["--model", "m", "--data", str(jsonl), "--eval-size", "5", "--export-verl-data", str(tmp_path)])
+    train, held_out = common.split_eval(common.read_jsonl(str(jsonl)), 5)
+    for name, rows in (("train", train), ("test", held_out)):
+        table = parquet.read_table(tmp_path / f"{name}.parquet").to_pylist()
+        assert [(r["prompt"], r["reward_model"]["ground_truth"]) for r in table] == \
+            [([{"role": "user", "content": p}], a) for p, a in rows]
+        assert {r["data_source"] for r in table} == {"llm-rl-reference"}
+
+
+def test_verl_and_trl_score_as_the_project_does(tmp_path):
+    assert common.verl_reward("llm-rl-reference", "So the answer is 12.", "12") == 1.0
+    assert common.verl_reward("llm-rl-reference", "So the answer is 13.", "12") == 0.0
+    (tmp_path / "mine.py").write_text("def score(completion, answer, finished):\n    return float(len(completion))\n")
+    assert common.verl_reward("x", "abc", "1", reward=f"{tmp_path / 'mine.py'}:score") == 3.0
+    chat = [[{"role": "assistant", "content": "12"}], [{"role": "assistant", "content": "I think 7"}]]
+    assert common.trl_reward(chat, answer=["12", "8"]) == [1.0, 0.0]

