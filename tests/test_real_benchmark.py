@@ -1,0 +1,57 @@
+"""benchmarks/real.py: the task's problems and the arithmetic of its table and claims, on hand-made numbers."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import real  # noqa: E402
+
+import common  # noqa: E402
+
+
+def test_the_problems_are_distinct_in_either_order_and_the_same_every_time():
+    rows = real.problems()
+    assert rows == real.problems() and len(rows) == real.ROWS
+    pairs = set()
+    for row in rows:
+        _, _, a, op, b = row["prompt"].rstrip("?").split()
+        a, b = int(a), int(b)
+        assert row["answer"] == (a + b if op == "+" else a * b) and (op == "+" or min(a, b) < 10)
+        pairs.add((op, min(a, b), max(a, b)))
+    assert len(pairs) == len(rows)                                 # 7 + 9 and 9 + 7 never both
+    assert sum(r["prompt"].count("*") for r in rows) == 431                # 36%, as its docstring says
+
+
+def test_the_scripts_hold_out_the_problems_real_py_scores_against():
+    rows = [(r["prompt"], str(r["answer"])) for r in real.problems()]
+    train, held_out = common.split_eval(rows, real.HELD_OUT)
+    assert len(held_out) == real.HELD_OUT >= 200 and not {p for p, _ in train} & {p for p, _ in held_out}
+
+
+def metrics(evals, truncated, step_time=30.0):
+    """metrics.jsonl rows: evaluations (accuracy, truncated share) at steps 0, 10, 20, ...; steps 1..10 x (n - 1)."""
+    out = [{"step": 0, "eval_accuracy": evals[0], "eval_truncated_frac": truncated[0]}]
+    for step in range(1, 10 * (len(evals) - 1) + 1):
+        row = {"step": step, "reward_mean": step / 100, "response_len_mean": 50 - step, "truncated_frac": 0.5 / step,
+               "step_time_s": step_time + step, "peak_memory_mb": 4096 + step, "clip_frac": 0.01}
+        if step % 10 == 0:
+            row |= {"eval_accuracy": evals[step // 10], "eval_truncated_frac": truncated[step // 10]}
+        out.append(row)
+    return out
+
+
+def test_a_runs_summary_splits_the_gain_into_form_and_arithmetic():
+    s = real.summarise(metrics([0.1, 0.5, 0.4], [0.5, 0.0, 0.2]))
+    assert (s["base"], s["final"], s["best"]) == (0.1, 0.4, 0.5)
+    assert (s["finished_base"], s["finished_final"]) == (0.5, 0.8)
+    assert s["among_finished_base"] == pytest.approx(0.2) and s["among_finished_final"] == pytest.approx(0.5)
+    assert s["reward_start"] == pytest.approx(0.03) and s["reward_end"] == pytest.approx(0.18)   # steps 1-5, 16-20
+    assert s["seconds_per_step"] == pytest.approx(40.5) and s["peak_memory_gb"] == pytest.approx(4116 / 1024)
+
+
+def test_the_verdict_rule_and_the_standard_error():
+    assert real.differ([0.5, 0.6], [0.3, 0.31])             # 0.245 apart, stds 0.071 and 0.007
+    assert not real.differ([0.5, 0.7], [0.45, 0.5])         # 0.125 apart, std 0.141
+    assert real.standard_error(0.5, 100) == pytest.approx(0.05)
+    assert real.mean_std([0.2, 0.4]) == "0.300 ± 0.141" and real.mean_std([0.25]) == "0.250"
