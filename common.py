@@ -1116,7 +1116,9 @@ def answer_reward(completion, answer, finished):
 @torch.no_grad()
 def evaluate(model, world, batch_size=512):
     """Greedy on the fixed held-out set: the accuracy (mean reward) and the share of answers cut off at the length
-    limit (a truncated answer scores 0, so accuracy / (1 - truncated) is the accuracy among finished answers)."""
+    limit (a truncated answer scores 0, so accuracy / (1 - truncated) is the accuracy among finished answers). A run
+    evaluates batch_size = its rollout batch (prompts x group size) at a time: the KV cache of the rollout's
+    generation, no more (500 prompts of up to 512 new tokens at once would be tens of GB for a 0.6 B model)."""
     correct = truncated = 0.0
     for start in range(0, len(world.eval), batch_size):
         rows = world.eval[start:start + batch_size]
@@ -1365,6 +1367,7 @@ class Run:
         self.out = Path(args.resume or args.out or new_run_folder(algorithm, args))
         self.metrics_path, self.checkpoint_path = self.out / "metrics.jsonl", self.out / "checkpoint.pt"
         self.bad_steps, self.stop_signal = 0, None
+        self.eval_batch = args.prompts_per_step * args.group_size     # no larger than a rollout batch
         if args.resume:
             self.start = self.load()
             self.history = [r for r in self.read_metrics() if r["step"] <= self.start]  # drop steps after it
@@ -1381,7 +1384,7 @@ class Run:
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
-            self.write({"step": 0, **evaluate(self.policy, world)})
+            self.write({"step": 0, **evaluate(self.policy, world, self.eval_batch)})
             print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
                   f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
 
@@ -1420,7 +1423,7 @@ class Run:
         step, args = record["step"], self.args
         record["peak_memory_mb"] = peak_memory_mb(next(self.policy.parameters()).device)
         if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
-            record |= evaluate(self.policy, self.world)
+            record |= evaluate(self.policy, self.world, self.eval_batch)
         self.write(record)
         self.bar.set_postfix(reward=f"{record['reward_mean']:.2f}", acc=f"{record['accuracy']:.2f}",
                              eval=f"{self.last_eval():.2f}", refresh=False)

@@ -308,3 +308,14 @@ def test_every_script_runs_the_chain_task_with_diagnostics_by_position(tmp_path,
         for key in ("clip_frac_q1", "clip_frac_q4", "token_ratio_var_q1", "token_ratio_var_q4", "routing_drift_q1",
                     "routing_drift_q4") + (("explained_variance_q1", "explained_variance_q4") if script is ppo else ()):
             assert r[key] is not None and math.isfinite(r[key]), key
+
+
+def test_evaluation_generates_no_more_rows_at_once_than_a_rollout_batch(tmp_path, monkeypatch):
+    # Its KV cache is then the rollout's, which memory estimates already count (2 prompts x 4 = 8 rows).
+    sizes, generate = [], common.generate
+    monkeypatch.setattr(common, "generate", lambda model, world, prompts, group_size, *a, greedy=False, **k:
+                        (sizes.append((len(prompts) * group_size, greedy)), generate(model, world, prompts, group_size,
+                                                                                    *a, greedy=greedy, **k))[1])
+    grpo.main(TINIER[:-2] + ["--eval-size", "20", "--out", str(tmp_path)])
+    assert [n for n, greedy in sizes if greedy] == [8, 8, 4] * 2        # at step 0 and after the last
+    assert [n for n, greedy in sizes if not greedy] == [8, 8]            # the two steps' rollouts
