@@ -1597,9 +1597,17 @@ def verl_overrides(algorithm, args):
     max_new_tokens = args.max_new_tokens or (256 if args.data else None)
     if max_new_tokens:
         lines.append(f"data.max_response_length={max_new_tokens}")
-    lines += [f"{actor}optim.lr={args.lr}", f"{actor}grad_clip={args.max_grad_norm}",
-              f"{rollout}temperature={args.temperature}", f"trainer.total_training_steps={args.steps}",
-              f"data.seed={args.seed}", f"{model}enable_gradient_checkpointing={args.gradient_checkpointing}",
+    # One GPU, and verl's micro-batches (memory only: gradients accumulate to the same minibatch) of 4 rows or fewer.
+    rows = P // k * G if P % k == 0 else G
+    micro = next(m for m in (4, 2, 1) if rows % m == 0)
+    lines += ["trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.total_training_steps={args.steps}",
+              "trainer.total_epochs=100000",  # epochs over the data would otherwise end the run first
+              f"{rollout}name=vllm", f"{actor}ppo_micro_batch_size_per_gpu={micro}",
+              f"{rollout}log_prob_micro_batch_size_per_gpu={micro}",
+              f"{actor}optim.lr={args.lr}", f"{actor}optim.weight_decay=0.0",
+              f"{actor}optim.clip_grad={args.max_grad_norm}",
+              f"{rollout}temperature={args.temperature}", f"data.seed={args.seed}",
+              f"{model}enable_gradient_checkpointing={args.gradient_checkpointing}",
               f"{actor}clip_ratio_c=10000.0"]  # verl's dual clip (3.0) caps the loss of A < 0 tokens; none here
     if algorithm in ("grpo", "ppo"):  # verl reads clip_ratio only where these two are null, and they are 0.2
         lines += [f"{actor}clip_ratio_low={args.clip_eps}", f"{actor}clip_ratio_high={args.clip_eps}"]
@@ -1617,13 +1625,15 @@ def verl_overrides(algorithm, args):
     if algorithm == "grpo":
         lines.append(f"{actor}use_kl_loss={args.beta > 0}")
         if args.beta > 0:
-            lines += [f"{actor}kl_loss_coef={args.beta}", f"{actor}kl_loss_type=low_var_kl"]   # low_var_kl: k3
+            lines += [f"{actor}kl_loss_coef={args.beta}", f"{actor}kl_loss_type=low_var_kl",  # low_var_kl: k3
+                      f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
     else:
         lines.append(f"{actor}use_kl_loss=False")
     if algorithm == "dapo":
         if args.dynamic_sampling:
-            lines += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
-                      f"algorithm.filter_groups.max_num_gen_batches={args.max_generation_rounds}"]
+            lines += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=reward",  # the shaped one
+                      f"# --max-generation-rounds {args.max_generation_rounds}: verl's trainer refills the batch "
+                      f"without a cap (it ignores filter_groups.max_num_gen_batches)"]
         if args.overlong_shaping:
             buffer = args.overlong_buffer or max(1, (max_new_tokens or 8) // 4)
             cfg = "+reward.reward_kwargs.overlong_buffer_cfg."
@@ -1635,7 +1645,10 @@ def verl_overrides(algorithm, args):
         lines += ["algorithm.use_kl_in_reward=True", f"algorithm.kl_ctrl.kl_coef={args.beta_kl}",
                   f"algorithm.gamma={args.gamma}", f"algorithm.lam={args.lam}", f"{actor}ppo_epochs={args.epochs}",
                   f"critic.ppo_epochs={args.epochs}", f"critic.optim.lr={args.critic_lr}",
-                  f"critic.cliprange_value={args.value_clip}", f"critic.grad_clip={args.max_grad_norm}"]
+                  "critic.optim.weight_decay=0.0",
+                  f"critic.optim.clip_grad={args.max_grad_norm}", f"critic.cliprange_value={args.value_clip}",
+                  f"critic.ppo_micro_batch_size_per_gpu={micro}",
+                  f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
         if P % k == 0:
             lines.append(f"critic.ppo_mini_batch_size={P // k}")
         if args.model:
@@ -1649,6 +1662,8 @@ def verl_overrides(algorithm, args):
         lines += ["# --routing-replay: verl replays experts only in its Megatron and VeOmni engines:",
                   f"#   {actor}megatron.router_replay.mode=R2 or {actor}veomni.router_replay.mode=R2"]
     if args.data or args.reward:
+        lines.append("# verl does not tell the reward whether an answer was cut off at the limit: it is scored as "
+                     "finished (here a cut answer scores 0)")
         lines.append(f"reward.custom_reward_function.path={Path(__file__).resolve()}")
         lines.append("reward.custom_reward_function.name=verl_reward")
         if args.reward:
@@ -1680,11 +1695,19 @@ def verl_reward(data_source, solution_str, ground_truth, extra_info=None, reward
     return float((load_reward(reward) if reward else answer_reward)(solution_str, str(ground_truth), True))
 
 
-def trl_reward(completions, answer, **kwargs):
-    """TRL's reward function signature (reward_funcs=[trl_reward]): one score per completion against the dataset's
-    "answer" column, with the answer reward. Chat completions are lists of messages: their text is scored."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [answer_reward(text, str(a), True) for text, a in zip(texts, answer)]
+def trl_reward(max_new_tokens, reward=None):
+    """A reward function with TRL's signature (reward_funcs=[trl_reward(L)]) that scores as this project does: the
+    answer reward, or your --reward FILE.py:NAME, against the dataset's "answer" column, an answer cut off at the
+    limit L scoring 0. TRL gives the completion's token ids up to its end token: fewer than L means it ended (one
+    whose end token is exactly the L-th counts as cut off)."""
+    score = load_reward(reward) if reward else answer_reward
+
+    def reward_function(completions, answer, completion_ids, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]   # chat: the reply's text
+        return [float(score(text, str(a), len(ids) < max_new_tokens))
+                for text, a, ids in zip(texts, answer, completion_ids)]
+    reward_function.__name__ = score.__name__              # TRL logs each reward under its function's name
+    return reward_function
 
 
 def trl_config_kwargs(algorithm, args):
@@ -1695,14 +1718,17 @@ def trl_config_kwargs(algorithm, args):
               "gradient_accumulation_steps": 1, "num_iterations": 1, "learning_rate": args.lr,
               "max_grad_norm": args.max_grad_norm, "temperature": args.temperature, "max_steps": args.steps * k,
               "max_completion_length": args.max_new_tokens or 256, "seed": args.seed,
-              "gradient_checkpointing": args.gradient_checkpointing, "top_p": 1.0, "top_k": 0}
+              "gradient_checkpointing": args.gradient_checkpointing, "top_p": 1.0, "top_k": 0,
+              "lr_scheduler_type": "constant", "weight_decay": 0.0}
     if algorithm == "grpo":
         kwargs |= {"loss_type": "grpo", "epsilon": args.clip_eps, "epsilon_high": args.clip_eps, "beta": args.beta}
     elif algorithm == "gspo":
         kwargs |= {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": args.clip_eps_low,
                    "epsilon_high": args.clip_eps_high, "beta": 0.0}
     else:
-        kwargs |= {"loss_type": "dapo" if args.token_level_loss else "grpo", "epsilon": args.clip_eps_low,
+        # Token-level: "bnpo" divides by this minibatch's tokens, as dapo.py does (TRL's "dapo" by the average
+        # minibatch's: the same only with one minibatch).
+        kwargs |= {"loss_type": "bnpo" if args.token_level_loss else "grpo", "epsilon": args.clip_eps_low,
                    "epsilon_high": args.clip_eps_high if args.clip_higher else args.clip_eps_low, "beta": 0.0,
                    "mask_truncated_completions": args.overlong_filtering}
     return kwargs
@@ -1721,7 +1747,7 @@ def trl_code(algorithm, args):
     if algorithm == "gspo" and args.token_level:
         notes.append("# --token-level: TRL has GSPO's sequence level only; with one advantage per sequence, as here, "
                      "GSPO-token is the same loss")
-    rewards = ["trl_reward"]
+    rewards = [f"common.trl_reward({kwargs['max_completion_length']}{f', {args.reward!r}' if args.reward else ''})"]
     if algorithm == "dapo" and args.overlong_shaping:
         buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
         rewards.append(f"get_soft_overlong_punishment({kwargs['max_completion_length']}, {buffer})")
@@ -1732,10 +1758,6 @@ def trl_code(algorithm, args):
         *(["from trl.rewards import get_soft_overlong_punishment"] if len(rewards) > 1 else []),
         *(["from peft import LoraConfig"] if args.lora_r else []),
         "import common",
-        "from common import trl_reward" if not args.reward else
-        f"reward = common.load_reward({args.reward!r})   # your (completion, answer, finished) function\n"
-        "def trl_reward(completions, answer, **kwargs):\n"
-        "    return [reward(c[-1][\"content\"], str(a), True) for c, a in zip(completions, answer)]",
         "",
         "config = GRPOConfig(",
         '    output_dir="runs/trl",',

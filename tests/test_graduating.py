@@ -160,6 +160,10 @@ def test_every_trl_name_of_the_table_is_in_trl():
             continue
         if value and value.startswith('"'):   # a choice: its help text lists the choices, quoted
             choice = value.strip('"')
+            if name == "lr_scheduler_type":   # transformers' choices, not TRL's
+                from transformers import SchedulerType
+                assert choice in {s.value for s in SchedulerType}, f"README: {name}={value}"
+                continue
             assert f"'{choice}'" in fields[name].metadata["help"], f"README: {name}={value}"
     # The defaults the table states.
     assert fields["loss_type"].default == "dapo" and fields["gradient_checkpointing"].default is True
@@ -218,6 +222,10 @@ def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_
     assert config.data.train_batch_size == args.prompts_per_step and rollout.n == args.group_size
     assert actor.ppo_mini_batch_size * args.minibatches == args.prompts_per_step
     assert actor.optim.lr == args.lr and config.data.max_response_length == 512
+    assert actor.optim.weight_decay == 0.0 and actor.optim.clip_grad == args.max_grad_norm   # AdamW(weight_decay=0)
+    assert config.trainer.n_gpus_per_node * config.trainer.nnodes == 1
+    rows = actor.ppo_mini_batch_size * rollout.n                     # verl's mini-batch in completions
+    assert rows % actor.ppo_micro_batch_size_per_gpu == 0 and rollout.log_prob_micro_batch_size_per_gpu
     assert config.actor_rollout_ref.model.path == "Qwen/Qwen3-0.6B"
     assert config.algorithm.adv_estimator == ("gae" if script is ppo else "grpo")
     if script in (grpo, ppo):
@@ -233,11 +241,13 @@ def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_
     assert config.reward.custom_reward_function.name == "verl_reward"
     if script is dapo:
         assert config.algorithm.filter_groups.enable == args.dynamic_sampling
+        assert config.algorithm.filter_groups.metric == "reward"        # after the overlong penalty, as dapo.py
         assert (config.reward.reward_manager.name == "dapo") == args.overlong_shaping
     if script is ppo:
         assert config.algorithm.use_kl_in_reward and config.algorithm.kl_ctrl.kl_coef == args.beta_kl
         assert actor.ppo_epochs == config.critic.ppo_epochs == args.epochs
         assert config.critic.model.path == "Qwen/Qwen3-0.6B" and config.critic.model.lora_rank == args.lora_r
+        assert config.critic.optim.weight_decay == 0.0 and config.critic.optim.clip_grad == args.max_grad_norm
 
 
 def test_a_changed_flag_changes_the_printed_value(capsys):
@@ -272,7 +282,8 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     assert config.num_generations == args.group_size and config.epsilon == eps_low
     assert config.epsilon_high == eps_high
     assert config.beta == (args.beta if script is grpo else 0.0)
-    assert config.loss_type == ("dapo" if script is dapo and args.token_level_loss else "grpo")
+    assert config.loss_type == ("bnpo" if script is dapo and args.token_level_loss else "grpo")
+    assert config.lr_scheduler_type == "constant" and config.weight_decay == 0.0
     assert config.importance_sampling_level == ("sequence" if script is gspo else "token")
     assert config.generation_batch_size == args.prompts_per_step * args.group_size
     assert config.steps_per_generation == args.minibatches and config.learning_rate == args.lr
@@ -324,5 +335,12 @@ def test_verl_and_trl_score_as_the_project_does(tmp_path):
     assert common.verl_reward("llm-rl-reference", "So the answer is 13.", "12") == 0.0
     (tmp_path / "mine.py").write_text("def score(completion, answer, finished):\n    return float(len(completion))\n")
     assert common.verl_reward("x", "abc", "1", reward=f"{tmp_path / 'mine.py'}:score") == 3.0
-    chat = [[{"role": "assistant", "content": "12"}], [{"role": "assistant", "content": "I think 7"}]]
-    assert common.trl_reward(chat, answer=["12", "8"]) == [1.0, 0.0]
+    # TRL's call: chat completions, the dataset's column, the token ids up to the end token. Limit 3 tokens: the
+    # third answer is right but was cut off, as its 3 ids say.
+    chat = [[{"role": "assistant", "content": c}] for c in ("12", "I think 7", "It is 12")]
+    reward = common.trl_reward(3)
+    assert reward(chat, answer=["12", "8", "12"], completion_ids=[[1, 2], [3, 4], [5, 6, 7]], prompts=None) == \
+        [1.0, 0.0, 0.0]
+    assert reward.__name__ == "answer_reward"
+    mine = common.trl_reward(3, f"{tmp_path / 'mine.py'}:score")
+    assert mine(chat[:1], answer=["1"], completion_ids=[[1]]) == [2.0] and mine.__name__ == "score"
