@@ -15,6 +15,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "real", ROOT / "benchmarks" / "results"
+RECORDS = RESULTS / "real"   # each finished run's metrics.jsonl and wall time, in git (the runs folder is not)
 ARITHMETIC = RUNS / "arithmetic.jsonl"
 DATA_SEED, ROWS, HELD_OUT = 0, 1200, 240     # the scripts hold out min(--eval-size, rows / 5) rows
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MACHINE = "2 cores of an AMD EPYC with AVX-512"   # where the recorded runs ran
 STEPS = 30
 SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", "8", "--lr", "1e-5",
            "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
@@ -81,8 +84,19 @@ def gguf_file():
 # ---------------------------------------------------------------------------------------------------
 # Running
 
-def run_dir(label, seed):
-    return RUNS / label.replace(" ", "-") / f"seed{seed}"
+def run_dir(label, seed, root=None):
+    return (root or RUNS) / label.replace(" ", "-") / f"seed{seed}"
+
+
+def kept(label, seed):
+    """A finished run's record (metrics.jsonl, wall_seconds), copied from its run folder the first time it is seen
+    finished; None while it is not. Later sittings skip and report the runs recorded here."""
+    record, out = run_dir(label, seed, RECORDS), run_dir(label, seed)
+    if not finished(record) and finished(out):
+        record.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "wall_seconds"):
+            shutil.copyfile(out / name, record / name)
+    return record if finished(record) else None
 
 
 def read_metrics(out):
@@ -121,12 +135,13 @@ def run_all(labels, seeds, threads):
     ARITHMETIC.parent.mkdir(parents=True, exist_ok=True)
     ARITHMETIC.write_text("".join(json.dumps(row) + "\n" for row in problems()))
     todo = [(label, script, flags, seed) for label, script, flags in ARMS if label in labels for seed in seeds
-            if not finished(run_dir(label, seed))]
+            if not kept(label, seed)]
     print(f"{len(todo)} runs to do, one at a time on {threads} threads", flush=True)
     failed = 0
     for label, script, flags, seed in todo:
         failed += launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
                          run_dir(label, seed), threads) != 0
+        kept(label, seed)
     return failed
 
 
@@ -177,16 +192,17 @@ def standard_error(p, n=HELD_OUT):
 
 def collect():
     """{label: [(seed, rows)]} of the finished runs."""
-    return {label: [(seed, read_metrics(run_dir(label, seed))) for seed in SEEDS if finished(run_dir(label, seed))]
+    return {label: [(seed, read_metrics(kept(label, seed))) for seed in SEEDS if kept(label, seed)]
             for label, _, _ in ARMS}
 
 
 def table(runs):
     head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among "
             "finished: base → final | sampled reward: first 5 → last 5 steps | length (tokens) | truncated | "
-            "s/step | peak GB |")
+            "s/step | peak GB | wall min |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for label, seeds in runs.items():
+        walls = [float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) / 60 for seed, _ in seeds]
         if not seeds:
             lines.append(f"| {label} | not run yet |" + " |" * (head.count("|") - 3))
             continue
@@ -198,7 +214,8 @@ def table(runs):
                      f"{col('reward_start', '{:.2f}')} → {col('reward_end', '{:.2f}')} | "
                      f"{col('length_start', '{:.0f}')} → {col('length_end', '{:.0f}')} | "
                      f"{col('truncated_start', '{:.2f}')} → {col('truncated_end', '{:.2f}')} | "
-                     f"{col('seconds_per_step', '{:.0f}')} | {col('peak_memory_gb', '{:.1f}')} |")
+                     f"{col('seconds_per_step', '{:.0f}')} | {col('peak_memory_gb', '{:.1f}')} | "
+                     f"{mean_std(walls, '{:.1f}')} |")
     return lines
 
 
@@ -251,6 +268,7 @@ def curves_figure(runs, path):
               ("response_len_mean", "completion length (tokens)"), ("truncated_frac", "truncated share")]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     for label, seeds in runs.items():
+        walls = [float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) / 60 for seed, _ in seeds]
         if not seeds:
             continue
         for ax, (key, title) in zip(axes, panels):
@@ -271,13 +289,13 @@ def curves_figure(runs, path):
     plt.close(fig)
 
 
-def export_check(out):
+def export_check(out, record):
     """The run's exported DIR/model, loaded with plain transformers (no code of this project), greedy with
     model.generate on the held-out prompts, scored by the answer reward: its accuracy, to set beside the run's last
-    evaluation. Cached in DIR/export_check.json."""
+    evaluation. Kept in the run's record, export_check.json."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    cached = out / "export_check.json"
+    cached = record / "export_check.json"
     if cached.exists():
         return json.loads(cached.read_text())
     sys.path.insert(0, str(ROOT))
@@ -297,7 +315,7 @@ def export_check(out):
             ended = bool(torch.isin(ids, torch.tensor(model.generation_config.eos_token_id)).any())
             text = tokenizer.decode(ids, skip_special_tokens=True)
             correct += common.answer_reward(text, answer, ended)
-    result = {"accuracy": correct / len(held_out), "run_last_eval": read_metrics(out)[-1]["eval_accuracy"]}
+    result = {"accuracy": correct / len(held_out), "run_last_eval": read_metrics(record)[-1]["eval_accuracy"]}
     cached.write_text(json.dumps(result) + "\n")
     return result
 
@@ -305,7 +323,7 @@ def export_check(out):
 def report():
     runs = collect()
     done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
-    lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products, on 2 CPU cores", "",
+    lines = [f"# A real pretrained model: SmolLM2-135M-Instruct on sums and products, on {MACHINE}", "",
              "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
              f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
              "flags. Held-out: greedy, the same "
@@ -314,12 +332,20 @@ def report():
              f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", ""]
     lines += table(runs)
     lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's form); "
-              "accuracy among finished: the arithmetic of those that did.", ""]
+              "accuracy among finished: the arithmetic of those that did. s/step: the median step; wall: the whole run "
+              f"(loading, evaluations, export), one run at a time on {MACHINE}.", ""]
+    for seed, rows in runs["grpo"]:
+        s = summarise(rows)
+        gain, error = s["final"] - s["base"], math.hypot(standard_error(s["base"]), standard_error(s["final"]))
+        lines.append(f"grpo.py seed {seed}: held-out gain {gain:+.3f} over the base, {gain / error:.1f} standard "
+                     f"errors of the difference (±{error:.3f}); accuracy among finished answers "
+                     f"{s['among_finished_base']:.3f} → {s['among_finished_final']:.3f}.")
+    lines.append("")
     if done:
         best_label, best_seed, best_rows = max(done, key=lambda d: d[2][-1]["eval_accuracy"])
-        out = run_dir(best_label, best_seed)
-        if (out / "model").exists():
-            check = export_check(out)
+        out, record = run_dir(best_label, best_seed), run_dir(best_label, best_seed, RECORDS)
+        if (out / "model").exists() or (record / "export_check.json").exists():
+            check = export_check(out, record)
             lines += [f"The best run's export ({best_label}, seed {best_seed}: `{out.relative_to(ROOT)}/model`), "
                       f"loaded "
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "

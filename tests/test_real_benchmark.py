@@ -1,4 +1,5 @@
 """benchmarks/real.py: the task's problems and the arithmetic of its table and claims, on hand-made numbers."""
+import json
 import sys
 from pathlib import Path
 
@@ -55,3 +56,19 @@ def test_the_verdict_rule_and_the_standard_error():
     assert not real.differ([0.5, 0.7], [0.45, 0.5])         # 0.125 apart, std 0.141
     assert real.standard_error(0.5, 100) == pytest.approx(0.05)
     assert real.mean_std([0.2, 0.4]) == "0.300 ± 0.141" and real.mean_std([0.25]) == "0.250"
+
+
+def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(real, "RECORDS", tmp_path / "records")
+    out = real.run_dir("grpo", 0, real.RUNS)
+    out.mkdir(parents=True)
+    rows = metrics([0.1, 0.2, 0.3, 0.4], [0.2] * 4)                  # steps 0-30: real.STEPS
+    (out / "wall_seconds").write_text("600.0\n")
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))    # stopped at step 29
+    assert real.kept("grpo", 0) is None and not real.RECORDS.exists()
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = real.kept("grpo", 0)
+    assert record == real.run_dir("grpo", 0, real.RECORDS) and real.read_metrics(record) == rows
+    (out / "metrics.jsonl").unlink()                                  # the runs folder is gone: the record stays
+    assert real.kept("grpo", 0) == record
