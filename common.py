@@ -1095,8 +1095,38 @@ def to_number(s):
 
 
 def answer_reward(completion, answer, finished):
-    """1 if the completion's final answer equals the reference (numerically where either is a number), else 0.
-    A truncated completion never scores, as in the toy reward. The reference may be boxed or a `####` line."""
+    """The default reward, 1 or 0 by the rules below; `--reward FILE.py:NAME` replaces it (docs/models.md).
+
+    1 when the completion ended and its final answer equals `answer`, else 0; a truncated completion scores 0, as on the
+    toy. The final answer is the last `\\boxed{...}` or `\\fbox{...}` (nested braces matched), else the line after the
+    last `####` (GSM8K's format) less an answer phrase before it (`#### The answer is 72`, `#### Final answer: 72`, in
+    any case; no other words go: `#### less than 5` is not 5), else the last number.
+
+    That number is read whole or not at all: `3/4`, `\\frac{3}{4}`, `\\frac{-2}{3}` and `-\\frac12` are one number, and
+    when it is only a piece of an expression there is no answer, which scores 0. A piece is inside the braces of
+    `\\sqrt`, `^`, `_`, `\\overline` or an argument of `\\frac` or `\\binom` (`\\sqrt{2}`, `10^{-3}`; other braces, as
+    in `\\emph{42}` or `{"answer": 42}`, do not count); next to `^`, `_`, `/`, `\\sqrt`, `\\frac` or a `\\pi` after it
+    (`x^2`, `3 \\times 10^5`, `2\\sqrt{3}`, `\\sqrt{3}/2`, `2\\frac12`, `2\\pi`); right after another number and a space
+    (`3 4`); or glued, with no space, to a letter, digit or `}` before it (`1e3`, `\\frac{1}{2}3`) or to a letter, digit
+    or `!` after it (`2x`, `\\frac123`, `5!`) unless that is a listed unit (`5cm`). `5 apples`, `5%`, `42.` and `42,`
+    stay numbers.
+
+    `answer` may be written the same ways (a whole GSM8K solution ending in `#### 72` works); a JSON number in the file
+    is read exactly (`0.00001` and `1e-05` as 0.00001, not as the string `1e-05`). Numbers compare exactly, as numbers,
+    and a number equals only a number: `1,000` = `1{,}000` = `1\\,000` = `1000`, `.5` = `0.5` = `1/2` = `\\frac{1}{2}` =
+    `\\dfrac12`, `\u22125` (U+2212) = `-5`, `$5` = `5`, `50\\%` = `50`, `42.` = `42`, `x = 5` = `5`, `90^\\circ` =
+    `90\u00b0` = `90\\degree` = `90`; not numbers: `1,2,3`, `1 2`, `100, 200`, `1e3`, `2m`.
+
+    A unit after a number, in any case, in words or in `\\text{}` or `\\mathrm{}`, squared or cubed or after square, sq,
+    sq. or cubic (`18 Dollars`, `5\\text{ cm}^2`, `36 square feet`), is dropped if it is one of: dollar(s), cent(s),
+    percent, degree(s); second(s), minute(s), min(s), hour(s), hr(s), day(s), week(s), month(s), year(s); unit(s),
+    mile(s), foot, feet, ft, inch(es), yard(s), meter(s) and metre(s) with or without centi, milli or kilo, mm, cm, km,
+    m; mph, km/h; ounce(s), oz, pound(s), lb(s), gram(s), kilogram(s), kg, g; liter(s), litre(s), ml, gallon(s), cup(s).
+    A word may be glued to the number (`5cm`); the letters m and g count only apart from it, after a space or in
+    `\\text{}` (`7 m^3`, `5\\mathrm{m}`), as `2m` is 2 times m. Any other unit makes a string (`5\\text{ or more}`).
+
+    Other answers compare as strings without whitespace, `$`, `\\text{}` and the like, `\\left` and `\\right`
+    (`\\text{(A)}` = `(A)`, `x^{2}` = `x^2`). An empty box never scores. The cases: `tests/test_rewards.py`."""
     if not finished:
         return 0.0
     got, want = final_answer(completion), marked_answer(str(answer))

@@ -21,11 +21,11 @@ other scripts' 16 prompts x 8), score them, compute old, reference and value est
 --epochs passes over --minibatches minibatches, one policy step and one critic step each.
 Metrics go to runs/ppo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.742 and sampled
-accuracy 0.18 -> 0.68 (first 1/8 of the 700 steps -> last 1/10), 0.270 s a step on 2 CPU cores, seed 0
-(`python benchmarks/compare.py --only defaults`; README.md).
+What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.742 and sampled accuracy 0.18 -> 0.68
+(first 1/8 of the 700 steps -> last 1/10), 0.270 s a step on 2 CPU cores (model not recorded), seed 0 (`python
+benchmarks/compare.py --only defaults`; README.md).
 
-verl 0.9.1's defaults differ from these (README.md, "Graduating", gives the settings that match):
+verl 0.9.1's defaults differ from these (`python ppo.py --print-verl` prints the settings that match):
 algorithm.lam=1.0, algorithm.kl_ctrl.kl_coef=0.001, critic.cliprange_value=0.5, actor.ppo_epochs=1 (here
 --lam 0.95, --beta-kl 0.05, --value-clip 0.2, --epochs 2), and dual clip, actor.clip_ratio_c=3.0: the loss
 of a token with A < 0 is capped at -3A (none here).

@@ -746,10 +746,10 @@ def long_report(runs, quick, results):
         lines += [f"## {group_title(model, tokens, variant)}", "",
                   f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target
                                                           else "no run ended above the base."), ""] + rows + [""]
-    lines += ["## The claims, quantity by length", "", "README's claims table reads these rows (unstressed runs; "
+    lines += ["## The claims, quantity by length", "", "docs/long-answers.md's claims table reads these rows (unstressed runs; "
               "claim d is the mixed-lengths table above, claim c under stress the stressed one).", ""]
     lines += long_claims(runs) + [""]
-    lines += ["**How README's verdicts are read from these rows** (written down after the toy MoE's runs, before the "
+    lines += ["**How the verdicts (docs/long-answers.md, README) are read from these rows** (written down after the toy MoE's runs, before the "
               "fine toy's). Two means differ when they are further apart than the larger of their two stds over "
               "seeds; a claim *holds here* when its direction shows on every model measured, *does not hold here* "
               "when it shows on none, *mixed* otherwise. (a) the critic's last-quarter explained variance below its "

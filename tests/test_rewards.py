@@ -1,5 +1,6 @@
 """Rewards on real data: the default answer reward (a table of cases), the end ids a completion stops at, your
 own reward function (--reward), and a GSM8K-style file end to end."""
+import itertools
 import math
 import re
 from pathlib import Path
@@ -321,9 +322,24 @@ def test_gsm8k_style_data_end_to_end(hf_chat, tmp_path, reward):
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in ("entropy", "grad_norm", "response_len_mean"))
 
 
+def test_the_docstrings_examples():
+    """common.answer_reward's docstring states the rules with examples: each of its `a` = `b` = ... chains scores 1
+    as a boxed answer against any other of the chain, and what it calls not numbers reads as no number."""
+    doc = " ".join(common.answer_reward.__doc__.split())
+    chains = [re.findall(r"`([^`]+)`", c) for c in re.findall(r"`[^`]+`(?: \(U\+2212\))?(?: = `[^`]+`)+", doc)]
+    assert len(chains) >= 10 and ["\u22125", "-5"] in chains and ["x = 5", "5"] in chains
+    for chain in chains:
+        for got, want in itertools.permutations(chain, 2):
+            assert common.answer_reward(f"so \\boxed{{{got}}}", want, True) == 1.0, (got, want)
+    not_numbers = re.findall(r"`([^`]+)`", re.search(r"not numbers: (.*?)\. ", doc)[1])
+    assert not_numbers == ["1,2,3", "1 2", "100, 200", "1e3", "2m"]
+    assert all(common.to_number(x) is None for x in not_numbers)
+
+
 def readme_rewards():
-    """The reward examples of README.md, by the file name on their first line."""
-    blocks = re.findall(r"```python\n# (\S+\.py):.*?\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    """The reward examples of docs/models.md ("Your own reward"), by the file name on their first line."""
+    blocks = re.findall(r"```python\n# (\S+\.py):.*?\n(.*?)```", (ROOT / "docs" / "models.md").read_text(), re.S)
+    assert {name for name, _ in blocks} >= {"my_rewards.py", "verified.py"}
     return {name: code for name, code in blocks}
 
 
