@@ -342,12 +342,15 @@ def report():
                      f"{s['among_finished_base']:.3f} → {s['among_finished_final']:.3f}.")
     lines.append("")
     if done:
-        best_label, best_seed, best_rows = max(done, key=lambda d: d[2][-1]["eval_accuracy"])
+        # LoRA runs export adapters (DIR/adapter, for peft), not a model: the best run that exported a whole one.
+        exported = [d for d in done if (run_dir(d[0], d[1]) / "model").exists()
+                    or (run_dir(d[0], d[1], RECORDS) / "export_check.json").exists()]
+        best_label, best_seed, _ = max(exported or done, key=lambda d: d[2][-1]["eval_accuracy"])
         out, record = run_dir(best_label, best_seed), run_dir(best_label, best_seed, RECORDS)
-        if (out / "model").exists() or (record / "export_check.json").exists():
+        if exported:
             check = export_check(out, record)
-            lines += [f"The best run's export ({best_label}, seed {best_seed}: `{out.relative_to(ROOT)}/model`), "
-                      f"loaded "
+            lines += [f"The best run that exported a whole model ({best_label}, seed {best_seed}: "
+                      f"`{out.relative_to(ROOT)}/model`), loaded "
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "
                       f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
                       f"{check['run_last_eval']:.3f}.", ""]
