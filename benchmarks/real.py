@@ -40,6 +40,10 @@ ARMS = [("grpo", "grpo.py", []),
         ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]),
         ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
 SEEDS = (0, 1, 2)
+# What a reader of a recorded run's time needs to know, by (label, seed).
+REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
+           ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
+                        "6 min, was not recorded), and other work ran beside its first 7 steps"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -334,6 +338,8 @@ def report():
     lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's form); "
               "accuracy among finished: the arithmetic of those that did. s/step: the median step; wall: the whole run "
               f"(loading, evaluations, export), one run at a time on {MACHINE}.", ""]
+    lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
+              if any(s == seed for s, _ in runs[label])] + [""]
     for seed, rows in runs["grpo"]:
         s = summarise(rows)
         gain, error = s["final"] - s["base"], math.hypot(standard_error(s["base"]), standard_error(s["final"]))

