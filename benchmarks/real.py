@@ -43,7 +43,8 @@ SEEDS = (0, 1, 2)
 # What a reader of a recorded run's time needs to know, by (label, seed).
 REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
            ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
-                        "6 min, was not recorded), and other work ran beside its first 7 steps"}
+                        "6 min, was not recorded), and other work ran beside its first 7 steps",
+           ("dapo", 0): "the quick tests (1.5 min on one thread) ran beside its first steps"}
 
 
 # ---------------------------------------------------------------------------------------------------
