@@ -368,6 +368,7 @@ def summarise(rows, target=None):
         "clip_q1": mean("clip_frac_q1", steps), "clip_q4": mean("clip_frac_q4", steps),
         "ev_q1": mean("explained_variance_q1", steps), "ev_q4": mean("explained_variance_q4", steps),
         "stopped": bool(rows[-1].get("stopped")), "fell": fell(evals) and not rows[-1].get("stopped"),
+        "ended": ended_below(evals) and not rows[-1].get("stopped"),
         "seconds_per_step": clock / len(steps), "wall_seconds": rows[-1].get("wall_seconds"),
         "completions_per_step": sum(completions(r) for r in steps) / len(steps),
     }
@@ -412,7 +413,7 @@ TITLES = {
     "clip_q1": ("clip frac, first quarter", "{:.4f}"), "clip_q4": ("clip frac, last quarter", "{:.4f}"),
     "ev_q1": ("critic explained variance, first quarter", "{:.3f}"),
     "ev_q4": ("critic explained variance, last quarter", "{:.3f}"),
-    "fell": ("seeds that fell", None),
+    "fell": ("seeds that fell", None), "ended": ("seeds that ended 0.10 below", None),
 }
 ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
 COLUMNS = {name: keys.split() for name, keys in {
@@ -425,7 +426,7 @@ COLUMNS = {name: keys.split() for name, keys in {
               "steps_to_target seconds_per_step completions_per_step",
     "stress": f"final sampled_accuracy_end clip_frac {ROUTING} grad_norm_max seconds_per_step",
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
-    "long": "final fell at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift expert_drift "
+    "long": "final fell ended at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift expert_drift "
             "drift_q1 drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end seconds_per_step "
             "completions_per_step",
 }.items()}
@@ -471,7 +472,8 @@ def table(name, runs):
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, seeds in runs.items():
         rows = [summarise(rs, target) for rs in seeds]
-        cells = [fell_cell(rows) if key == "fell" else "—" if target is None and key.endswith("_to_target") else
+        cells = [fell_cell(rows) if key == "fell" else ended_cell(rows) if key == "ended" else
+                 "—" if target is None and key.endswith("_to_target") else
                  mean_std([r[key] for r in rows], TITLES[key][1]) for key in COLUMNS[name]]
         lines.append("| " + " | ".join([label, str(len(rows))] + cells) + " |")
     return lines, base, target
@@ -482,6 +484,12 @@ def fell_cell(rows):
     or any script after 3 non-finite updates in a row): neither counted as fallen nor as learning."""
     stopped = sum(r["stopped"] for r in rows)
     return f"{sum(r['fell'] for r in rows)}/{len(rows)}" + (f", {stopped} stopped" if stopped else "")
+
+
+def ended_cell(rows):
+    """'k/n' seeds whose last evaluation is more than 0.10 below their base, whether or not they fell (a run that
+    stopped has no last evaluation: not counted)."""
+    return f"{sum(r['ended'] for r in rows)}/{len(rows)}"
 
 
 def curve(seeds, key, width=1):
@@ -576,9 +584,16 @@ def fell(evals, drop=0.10):
     return True in below and all(below[below.index(True):])
 
 
+def ended_below(evals, drop=0.10):
+    """Beside the criterion: the last evaluation is more than `drop` below the base (a run can end there without
+    having fallen by the criterion, when an evaluation before the end came back above)."""
+    return evals[-1][1] < evals[0][1] - drop
+
+
 def lr_results(runs):
     """{(model, arm): {lr multiple: (final accuracies of the seeds that ran to the end, how many of them fell,
-    [(step, sampled accuracy) where each other seed stopped])}}, and each model's base."""
+    [(step, sampled accuracy) where each other seed stopped], how many ended more than 0.10 below their base)}},
+    and each model's base."""
     out, bases = {}, {}
     for model in MODELS:
         for arm, _, _ in ARMS:
@@ -588,13 +603,14 @@ def lr_results(runs):
                          for rs in seeds if not rs[-1].get("stopped")]
                 stops = [(rs[-1]["step"], sampled_accuracy(rs[-1])) for rs in seeds if rs[-1].get("stopped")]
                 if seeds:
-                    out.setdefault((model, arm), {})[k] = ([e[-1][1] for e in ended], sum(map(fell, ended)), stops)
+                    out.setdefault((model, arm), {})[k] = ([e[-1][1] for e in ended], sum(map(fell, ended)), stops,
+                                                           sum(map(ended_below, ended)))
                     bases.setdefault(model, []).extend(rs[0]["eval_accuracy"] for rs in seeds)
     return out, {model: statistics.mean(b) for model, b in bases.items()}
 
 
-def lr_cell(finals, fallen, stops):
-    text = f"{mean_std(finals)}, {fallen}/{len(finals)} fell" if finals else ""
+def lr_cell(finals, fallen, stops, ended=0):
+    text = f"{mean_std(finals)}, {fallen}/{len(finals)} fell, {ended}/{len(finals)} ended below" if finals else ""
     if stops:
         text += ("; " if text else "") + (f"{len(stops)} stopped at step {'/'.join(str(s) for s, _ in stops)} "
                                           f"(sampled acc {'/'.join(f'{a:.2f}' for _, a in stops)})")
@@ -681,6 +697,7 @@ CLAIMS = [("(a)", "PPO's critic: explained variance, first quarter", ("ppo",), "
            "{:.3g}"),
           ("(b)", "token-ratio variance, last quarter", ("grpo", "grpo + replay", "gspo"), "ratio_var_q4", "{:.3g}"),
           ("(c)", "seeds that fell", ALL_ARMS, "fell", None),
+          ("(c)", "seeds that ended 0.10 below", ALL_ARMS, "ended", None),
           ("(e)", "clip fraction", ("grpo", "gspo"), "clip_frac", "{:.4f}")]
 
 
@@ -699,6 +716,7 @@ def long_claims(runs):
                     seeds = next((s for label, s in groups.get((model, t, ""), {}).items() if LONG[label][0] == arm), [])
                     rows = [summarise(rs) for rs in seeds]
                     cells.append("—" if not rows else fell_cell(rows) if key == "fell" else
+                                 ended_cell(rows) if key == "ended" else
                                  mean_std([r[key] for r in rows], fmt))
                 if any(cell != "—" for cell in cells):
                     lines.append("| " + " | ".join([claim, what, model, arm] + cells) + " |")
@@ -729,7 +747,8 @@ def long_report(runs, quick, results):
              f"({shown(elapsed_file('long', quick))}): " + ("; ".join(pieces) or "not recorded") + ".", "",
              "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
              "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
-             "every evaluation from the first such one to the last. The *stressed* runs take twice the updates per "
+             "every evaluation from the first such one to the last. Beside it, added after the runs: the seeds that "
+             "*ended* more than 0.10 below their base (the last evaluation), fallen or not. The *stressed* runs take twice the updates per "
              f"rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about twice as far (routing drift "
              "0.057 -> 0.105 in 20-step pilots; the GSPO paper's ~10% of experts is out of the toy's reach: 3-10x the "
              "lr reaches an expert drift of 0.025-0.038 and falls to 0 greedy accuracy within 20 steps). The "
@@ -878,7 +897,8 @@ def report(seeds, quick):
                       f"{', '.join(f'{k}' for k in LR_TIMES)} times the default ({DEFAULT_LR:g})", "",
                       "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
                       "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
-                      "one to the last), a criterion fixed before the runs. \"stopped\": dapo.py stops a run when "
+                      "one to the last), a criterion fixed before the runs; \"ended below\", added after them: the "
+                      "seeds whose last evaluation is more than 0.10 below the base, fallen or not. \"stopped\": dapo.py stops a run when "
                       "no group of its 5 generation rounds has a reward signal left (the step and the share of "
                       "its samples that were right are given; such a run has no final and is left out of the "
                       "figure).", ""]

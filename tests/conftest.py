@@ -13,8 +13,9 @@ TINY_NO_STEPS = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches"
 TINY = ["--steps", "3"] + TINY_NO_STEPS
 # Smaller still, where a run only has to get going: 2 steps of 2 prompts, 8 prompts evaluated at start and end.
 TINIER = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2", "--eval-size", "8"]
-# The chain task with 1 total ('123+7=' -> '130=130', 8 tokens): a quick warm start.
-CHAIN = ["--task", "chain", "--chain-length", "1"]
+# The chain task with 2 totals ('123+7=' -> '130,137=137', 12 tokens): a quick warm start, shared with the
+# learning tests and the long experiment's quick form.
+CHAIN = ["--task", "chain", "--chain-length", "2"]
 
 
 def read_metrics(out, timings=True):

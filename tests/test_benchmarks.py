@@ -185,6 +185,9 @@ def test_a_run_fell_when_it_dropped_more_than_a_tenth_below_its_base_and_stayed_
     assert not compare.fell(evals(0.40, 0.35, 0.30, 0.31))       # 0.30 is exactly 0.10 below: not more
     assert compare.fell(evals(0.40, 0.50, 0.29))                 # a fall at the last evaluation counts
     assert not compare.fell(evals(0.40, 0.60, 0.80))
+    # Ended below, beside the criterion: only the last evaluation counts.
+    assert compare.ended_below(evals(0.40, 0.25, 0.31, 0.20)) and not compare.fell(evals(0.40, 0.25, 0.31, 0.20))
+    assert not compare.ended_below(evals(0.40, 0.20, 0.31)) and not compare.ended_below(evals(0.40, 0.35, 0.45))
 
 
 def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_multiple():
@@ -196,13 +199,14 @@ def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_mult
                                                                           "sampled_accuracy": 0.0}]]}
     runs["dapo lr x30 fine toy"][1][-1]["stopped"] = True                             # as collect() marks it
     results, bases = compare.lr_results(runs)
-    assert results[("toy MoE", "grpo")] == {1: ([0.6, 0.8], 0, []), 3: ([0.1, 0.5], 1, [])}
-    assert results[("fine toy", "dapo")] == {30: ([0.0], 1, [(3, 0.0)])}            # the policy's own samples
+    assert results[("toy MoE", "grpo")] == {1: ([0.6, 0.8], 0, [], 0), 3: ([0.1, 0.5], 1, [], 1)}
+    assert results[("fine toy", "dapo")] == {30: ([0.0], 1, [(3, 0.0)], 1)}         # the policy's own samples
     assert bases == {"toy MoE": 0.4, "fine toy": 0.2}
     lines = compare.lr_table(runs)
     assert lines[0] == "| model | run | lr x1 (0.0001) | lr x3 (0.0003) | lr x10 (0.001) | lr x30 (0.003) |"
-    assert lines[2] == "| toy MoE (base 0.400) | grpo | 0.700 ± 0.141, 0/2 fell | 0.300 ± 0.283, 1/2 fell | — | — |"
-    assert lines[3] == ("| fine toy (base 0.200) | dapo | — | — | — | 0.000, 1/1 fell; 1 stopped at step 3 "
+    assert lines[2] == ("| toy MoE (base 0.400) | grpo | 0.700 ± 0.141, 0/2 fell, 0/2 ended below | 0.300 ± 0.283, "
+                        "1/2 fell, 1/2 ended below | — | — |")
+    assert lines[3] == ("| fine toy (base 0.200) | dapo | — | — | — | 0.000, 1/1 fell, 1/1 ended below; 1 stopped at step 3 "
                         "(sampled acc 0.00) |")
     assert compare.lr_cell([], 0, [(2, 0.0), (5, 0.01)]) == "2 stopped at step 2/5 (sampled acc 0.00/0.01)"
 
@@ -294,6 +298,7 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     runs["ppo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.5, 0.6], ev=(0.5, 0.1)), long_rows([0.4, 0.5, 0.7],
                                                                                           ev=(0.7, 0.3))]
     runs["grpo, 12 tokens, toy MoE"] = [long_rows([0.4, 0.25, 0.2]), long_rows([0.4, 0.2, 0.45])]  # one fell
+    runs["grpo + replay, 12 tokens, toy MoE"] = [long_rows([0.4, 0.25, 0.35, 0.25])]  # ended below, did not fall
     runs["grpo, 100 tokens, toy MoE"] = [long_rows([0.3, 0.3, 0.4], ratio_var=0.5)]
     runs["gspo, 44 tokens, fine toy, stressed"] = [long_rows([0.5, 0.4, 0.3]), long_rows([0.5, 0.3, 0.2])]
     runs["gspo, 44 tokens, fine toy, stressed"][1][-1]["stopped"] = True        # fell too, but stopped: apart
@@ -309,15 +314,17 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     sections = text.split("\n## ")
     assert [s.split("\n")[0] for s in sections[1:4]] == ["toy MoE, 12 tokens", "toy MoE, 100 tokens",
                                                          "fine toy, 44 tokens, stressed"]
-    assert "7 runs (of 66 planned: the others have not run yet) of 150 steps" in text
-    assert "210 min of run time" in text and "about 105 min on 2 cores" in text
+    assert "8 runs (of 66 planned: the others have not run yet) of 150 steps" in text
+    assert "240 min of run time" in text and "about 120 min on 2 cores" in text
     assert "elapsed.txt): 50.0 min, 60 runs" in text and "seeds 0, 1." in text
     assert "more than 0.10 below its base" in text
     table = sections[1].split("\n")
     columns = table[4].split(" | ")
-    assert columns[:4] == ["| run", "seeds", "final eval acc", "seeds that fell"]
+    assert columns[:5] == ["| run", "seeds", "final eval acc", "seeds that fell", "seeds that ended 0.10 below"]
     ppo, grpo = table[6].split(" | "), table[7].split(" | ")
-    assert ppo[:4] == ["| ppo", "2", "0.650 ± 0.071", "0/2"] and grpo[:4] == ["| grpo", "2", "0.325 ± 0.177", "1/2"]
+    assert ppo[:5] == ["| ppo", "2", "0.650 ± 0.071", "0/2", "0/2"]
+    assert grpo[:5] == ["| grpo", "2", "0.325 ± 0.177", "1/2", "1/2"]
+    assert table[8].split(" | ")[:5] == ["| grpo + replay", "1", "0.250", "0/1", "1/1"]
     ev = columns.index("critic explained variance, first quarter")
     assert ppo[ev:ev + 2] == ["0.600 ± 0.141", "0.200 ± 0.141"] and grpo[ev] == "—"
     assert ("| gspo, 44 tokens, fine toy, stressed | `python gspo.py --task chain --eval-size 200 --chain-length 10 "
@@ -326,13 +333,14 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
     stressed = sections[3].split("\n")
     assert "no run ended above the base" in stressed[2]
     gspo = stressed[6].split(" | ")
-    assert gspo[:4] == ["| gspo", "2", "0.250 ± 0.071", "1/2, 1 stopped"]
+    assert gspo[:5] == ["| gspo", "2", "0.250 ± 0.071", "1/2, 1 stopped", "1/2"]
     assert gspo[columns.index("steps to half-gap")] == "—"                           # no target to reach
     claims = text.split("## The claims, quantity by length")[1]
     assert "| claim | quantity | model | run | 12 tokens | 100 tokens |" in claims     # unstressed lengths only
     assert "| (a) | PPO's critic: explained variance, last quarter | toy MoE | ppo | 0.200 ± 0.141 | — |" in claims
     assert "| (b) | token-ratio variance, mean over steps | toy MoE | grpo | 0.01 ± 0 | 0.5 |" in claims
     assert "| (c) | seeds that fell | toy MoE | grpo | 1/2 | 0/1 |" in claims
+    assert "| (c) | seeds that ended 0.10 below | toy MoE | grpo + replay | 1/1 | — |" in claims
     points = compare.long_points(runs, "ratio_var_mean")
     assert points[("grpo", "toy MoE")] == [(12, pytest.approx(0.01), 0.0), (100, pytest.approx(0.5), 0.0)]
     assert ("gspo", "fine toy") not in points                                       # stressed runs apart
@@ -340,22 +348,22 @@ def test_long_report_gives_one_table_per_model_and_length_the_criterion_and_ever
 
 @pytest.mark.slow
 def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
-    """Three of the quick form's runs for real (1 total a chain: 8 tokens; chains of 1 and 2 mixed), one seed,
-    then long.md from them."""
+    """Three of the quick form's runs for real (2 totals a chain: 12 tokens, the base the learning tests share;
+    chains of 1 and 2 mixed), one seed, then long.md from them."""
     monkeypatch.setattr(compare, "RUNS", tmp_path)
     picked = [run for run in compare.QUICK_RUNS["long"] if run[0] in (
-        "ppo, 8 tokens, toy MoE", "grpo, 8 tokens, toy MoE", "dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths")]
+        "ppo, 12 tokens, toy MoE", "grpo, 12 tokens, toy MoE", "dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths")]
     monkeypatch.setitem(compare.QUICK_RUNS, "long", picked)
     assert compare.run_all(["long"], [0], quick=True, jobs=2, threads=1, rerun=False) == 0
     runs = compare.collect("long", [0], quick=True)
-    ppo = [r for r in runs["ppo, 8 tokens, toy MoE"][0] if "step_time_s" in r]
-    assert len(ppo) == 6 and all(r["response_len_mean"] > 4 for r in ppo)          # 8 tokens at the base
+    ppo = [r for r in runs["ppo, 12 tokens, toy MoE"][0] if "step_time_s" in r]
+    assert len(ppo) == 6 and all(r["response_len_mean"] > 8 for r in ppo)          # 12 tokens at the base
     assert {"explained_variance_q1", "explained_variance_q4", "token_ratio_var_q4", "clip_frac_q1"} <= ppo[0].keys()
     drawn = without_figures(monkeypatch)
     compare.long_report(runs, True, tmp_path)
     assert drawn == ["long.png", "long-claims.png"]
     text = (tmp_path / "long.md").read_text()
-    assert "## toy MoE, 8 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
+    assert "## toy MoE, 12 tokens" in text and "| ppo | 1 |" in text and "| grpo | 1 |" in text
     mixed = [r for r in runs["dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths"][0] if "step_time_s" in r]
     assert 8 < sum(r["response_len_mean"] for r in mixed) / len(mixed) < 12            # lengths 8 and 12 mixed
     assert "## toy MoE, 8-12 tokens, mixed lengths" in text and "| dapo, sequence mean | 1 |" in text
