@@ -44,7 +44,8 @@ SEEDS = (0, 1, 2)
 REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
            ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
                         "6 min, was not recorded), and other work ran beside its first 7 steps",
-           ("dapo", 0): "the quick tests (1.5 min on one thread) ran beside its first steps"}
+           ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "
+                        "its s/step and wall time are not comparable with the runs on two threads"}
 
 
 # ---------------------------------------------------------------------------------------------------
