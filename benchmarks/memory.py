@@ -491,7 +491,10 @@ the points table). Generation was not run on CPU (512 sampled tokens at these wi
 estimate: the bf16 weight copies autocast holds for the whole generation (one context, `common.sampling_mode`: those
 the update keeps for its backward, plus the vocabulary head's) and the KV cache of 64 x 662 positions, in the dtypes
 measured: keys in fp32, values in bf16 (Qwen3's q/k RMSNorm multiplies by an fp32 weight, so the keys leave autocast
-in fp32: 6 bytes per key-value pair, not 4)."""
+in fp32: 6 bytes per key-value pair, not 4). The greedy evaluation runs the same generation (`common.generate`) on at
+most a rollout batch (P x G rows) at a time (`common.evaluate`), each row at most --max-new-tokens long: with held-out
+prompts no longer than the training ones, its peak is at most the generation column's, so a script that fits its step
+fits its evaluation."""
 
 SCRIPTS = """\
 The phases of a step run one after another and free what they allocate; the weights, gradients and AdamW moments stay
