@@ -72,3 +72,9 @@ def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, mon
     assert record == real.run_dir("grpo", 0, real.RECORDS) and real.read_metrics(record) == rows
     (out / "metrics.jsonl").unlink()                                  # the runs folder is gone: the record stays
     assert real.kept("grpo", 0) == record
+    # A seed beyond the default two (`--seeds 2`) is reported too, once finished.
+    third = real.run_dir("grpo", 2, real.RUNS)
+    third.mkdir(parents=True)
+    (third / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (third / "wall_seconds").write_text("700.0\n")
+    assert [seed for seed, _ in real.collect()["grpo"]] == [0, 2] and real.collect()["gspo"] == []
