@@ -188,6 +188,9 @@ def test_a_run_fell_when_it_dropped_more_than_a_tenth_below_its_base_and_stayed_
     # Ended below, beside the criterion: only the last evaluation counts.
     assert compare.ended_below(evals(0.40, 0.25, 0.31, 0.20)) and not compare.fell(evals(0.40, 0.25, 0.31, 0.20))
     assert not compare.ended_below(evals(0.40, 0.20, 0.31)) and not compare.ended_below(evals(0.40, 0.35, 0.45))
+    # Exactly 0.10 below is not more than 0.10 below, whichever way the float subtraction rounds.
+    assert not any(compare.ended_below(evals(base, base - 0.1 + 1e-12 * k)) for base in (0.4, 0.418, 0.435, 0.375)
+                   for k in (-1, 0, 1))
 
 
 def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_multiple():
