@@ -235,32 +235,43 @@ def differ(a, b):
     return abs(statistics.fmean(a) - statistics.fmean(b)) > spread
 
 
+def compared(a, b):
+    """'above', 'level with' or 'below': a's mean against b's, by the verdict rule."""
+    return "level with" if not differ(a, b) else "above" if statistics.fmean(a) > statistics.fmean(b) else "below"
+
+
 def claims(runs):
-    """The seed's claims a dense real model can test, each with its figures and verdict (or what is missing)."""
+    """The seed's claims a dense real model can test, each with its figures and its verdict by the long experiment's
+    rule (one model here: a claim holds here or does not), or what it still needs."""
     got = {label: [summarise(rows) for _, rows in seeds] for label, seeds in runs.items() if len(seeds) >= 2}
     values = lambda label, key: [x[key] for x in got[label]]
     shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
+    verdict = lambda holds: "**holds here**" if holds else "**does not hold here**"
     missing = lambda *labels: f"not yet tested: needs {' and '.join(labels)} with at least 2 seeds"
     lines = []
     if {"ppo", "grpo"} <= got.keys():
-        lines.append(f"- (a) PPO's critic: explained variance over the first / last quarter of each completion "
-                     f"{shown('ppo', 'ev_q1')} / {shown('ppo', 'ev_q4')}; held-out final PPO {shown('ppo', 'final')} "
-                     f"against GRPO {shown('grpo', 'final')}: "
-                     f"{'differ' if differ(values('ppo', 'final'), values('grpo', 'final')) else 'level'}.")
+        late = compared(values("ppo", "ev_q4"), values("ppo", "ev_q1"))
+        lines.append(f"- (a) PPO's critic knows late positions worse: {verdict(late == 'below')}: explained variance "
+                     f"over the first / last quarter of each completion {shown('ppo', 'ev_q1')} / "
+                     f"{shown('ppo', 'ev_q4')}. PPO's held-out final {shown('ppo', 'final')} is "
+                     f"{compared(values('ppo', 'final'), values('grpo', 'final'))} GRPO's {shown('grpo', 'final')}.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
     if {"dapo", "dapo seq-mean"} <= got.keys():
-        lines.append(f"- (d) DAPO's token-level loss {shown('dapo', 'final')} against the per-sequence mean "
-                     f"{shown('dapo seq-mean', 'final')}: "
-                     f"{'differ' if differ(values('dapo', 'final'), values('dapo seq-mean', 'final')) else 'level'}.")
+        side = compared(values("dapo", "final"), values("dapo seq-mean", "final"))
+        lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
+                     f"{verdict(side == 'above')}: held-out final {shown('dapo', 'final')}, {side} the per-sequence "
+                     f"mean's {shown('dapo seq-mean', 'final')}.")
     else:
         lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: "
                      f"{missing('dapo', 'dapo seq-mean')}.")
     if {"gspo", "grpo"} <= got.keys():
-        lines.append(f"- (e) GSPO clips {shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO "
-                     f"{shown('grpo', 'clip_frac', '{:.4f}')}; final {shown('gspo', 'final')} against "
-                     f"{shown('grpo', 'final')} "
-                     f"({'differ' if differ(values('gspo', 'final'), values('grpo', 'final')) else 'level'}); "
+        clips = compared(values("gspo", "clip_frac"), values("grpo", "clip_frac"))
+        side = compared(values("gspo", "final"), values("grpo", "final"))
+        lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
+                     f"{verdict(clips == 'above' and side != 'below')}: it clips "
+                     f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')}; "
+                     f"its held-out final {shown('gspo', 'final')} is {side} GRPO's {shown('grpo', 'final')}; "
                      f"s/step {shown('gspo', 'seconds_per_step', '{:.0f}')} against "
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:

@@ -78,3 +78,31 @@ def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, mon
     (third / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (third / "wall_seconds").write_text("700.0\n")
     assert [seed for seed, _ in real.collect()["grpo"]] == [0, 2] and real.collect()["gspo"] == []
+
+
+def test_each_claim_gets_its_verdict_by_the_rule_from_two_seeds_on():
+    def run(final, clip=0.01, ev=None):
+        rows = metrics([0.1, 0.2, 0.3, final], [0.2] * 4)
+        for r in rows:
+            if "step_time_s" in r:
+                r["clip_frac"] = clip
+                if ev:
+                    r |= {"explained_variance_q1": ev[0], "explained_variance_q4": ev[1]}
+        return rows
+    runs = {"grpo": [(0, run(0.40)), (1, run(0.42))],
+            "grpo lora": [(0, run(0.50))],                                    # one seed: in no claim
+            "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.22))],  # clips 20x more, level: holds
+            "dapo": [(0, run(0.50)), (1, run(0.52))],
+            "dapo seq-mean": [(0, run(0.30)), (1, run(0.31))],                # token-level above: holds
+            "ppo": [(0, run(0.30, ev=(0.2, 0.21))), (1, run(0.32, ev=(0.3, 0.29)))]}   # q1 and q4 level: does not
+    a, d, e, lr = real.claims(runs)
+    assert a.startswith("- (a) PPO's critic knows late positions worse: **does not hold here**")
+    assert "first / last quarter of each completion 0.250 ± 0.071 / 0.250 ± 0.057" in a
+    assert "PPO's held-out final 0.310 ± 0.014 is below GRPO's 0.410 ± 0.014" in a
+    assert "**holds here**: held-out final 0.510 ± 0.014, above the per-sequence mean's 0.305 ± 0.007" in d
+    assert e.startswith("- (e) GSPO clips far more, yet converges at least as fast: **holds here**")
+    assert "its held-out final 0.420 ± 0.014 is level with GRPO's 0.410 ± 0.014" in e
+    runs["gspo"] = [(0, run(0.20, clip=0.20)), (1, run(0.21, clip=0.22))]      # clips more but ends below
+    assert "**does not hold here**" in real.claims(runs)[2]
+    del runs["dapo seq-mean"]
+    assert real.claims(runs)[1].endswith("needs dapo and dapo seq-mean with at least 2 seeds.")
