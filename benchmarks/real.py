@@ -47,7 +47,9 @@ REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/s
            ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
                         "6 min, was not recorded), and other work ran beside its first 7 steps",
            ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "
-                        "its s/step and wall time are not comparable with the runs on two threads"}
+                        "its s/step and wall time are not comparable with the runs on two threads",
+           ("dapo seq-mean", 0): "a 2-minute test session ran beside its step 12 (160 s, the others 31-59 s): its "
+                                 "median s/step stands, its wall time reads about 2 min high"}
 
 
 # ---------------------------------------------------------------------------------------------------
