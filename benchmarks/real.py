@@ -4,12 +4,14 @@
     python benchmarks/real.py                          # every arm, 2 seeds, then benchmarks/results/real.md
     python benchmarks/real.py --only grpo --seeds 0    # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and real.png from the runs there are
+    python benchmarks/real.py --lr-study --jobs 4      # where each breaks: lr x1-x30 (made on a GPU)
 
 Each arm is one of the algorithm scripts run as a user would: `--model` is the GGUF file, `--data` the problems
 this script writes (ARITHMETIC), the reward is the default answer reward. Runs go to benchmarks/runs/real/ (ignored by
 git); a run stopped half way continues from its last checkpoint. What was chosen and why: benchmarks/README.md.
 """
 import argparse
+import concurrent.futures
 import importlib.util
 import json
 import math
@@ -42,6 +44,13 @@ ARMS = [("grpo", "grpo.py", []),
 # Two seeds: a run takes 20-36 min on 2 cores, so the 6 arms' 3 seeds asked for would take about 7.5 h, over the
 # 5 h budget; 2 seeds take about 5 h. `--seeds 2` runs a third, which the report then includes.
 SEEDS = (0, 1)
+# Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
+# 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
+# toy's runs. 32 runs of 20-60 min would take far over the 5 h on 2 cores: they were made on a GPU. The likeliest
+# breaks go first (x10, then x3, x30 and x1), so that a study cut short has the most telling runs.
+LR_TIMES = (1, 3, 10, 30)
+LR_ARMS = [(f"{label} lr x{k}", script, flags + ["--lr", f"{1e-5 * k:g}"])
+           for k in (10, 3, 30, 1) for label, script, flags in ARMS if label in ("grpo", "gspo", "dapo", "ppo")]
 # What a reader of a recorded run's time needs to know, by (label, seed).
 REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
            ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
@@ -99,14 +108,17 @@ def run_dir(label, seed, root=None):
 
 
 def kept(label, seed):
-    """A finished run's record (metrics.jsonl, wall_seconds), copied from its run folder the first time it is seen
-    finished; None while it is not. Later sittings skip and report the runs recorded here."""
+    """A run's record (metrics.jsonl, wall_seconds, machine and, if it stopped on purpose, its stop line), copied from
+    its run folder the first time it is seen ended; None while it is not. Later sittings skip the runs recorded."""
     record, out = run_dir(label, seed, RECORDS), run_dir(label, seed)
-    if not finished(record) and finished(out):
+    if not ended(record) and ended(out):
         record.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "wall_seconds"):
-            shutil.copyfile(out / name, record / name)
-    return record if finished(record) else None
+        for name in ("metrics.jsonl", "wall_seconds", "machine"):
+            if (out / name).exists():
+                shutil.copyfile(out / name, record / name)
+        if stop_line(out):
+            (record / "stopped").write_text(stop_line(out) + "\n")
+    return record if ended(record) else None
 
 
 def read_metrics(out):
@@ -119,12 +131,36 @@ def finished(out):
     return bool(rows) and rows[-1]["step"] == STEPS and "eval_accuracy" in rows[-1]
 
 
-def launch(script, flags, out, threads):
+def stop_line(out):
+    """The script's 'stopped: ...' line when the run stopped on purpose (repeated non-finite updates; dapo.py with no
+    group left that has a reward signal): an outcome of the lr study, not a failure. None otherwise."""
+    for name in ("stopped", "log.txt"):
+        if (out / name).exists():
+            return next((line for line in (out / name).read_text().splitlines() if line.startswith("stopped: ")), None)
+    return None
+
+
+def ended(out):
+    return finished(out) or stop_line(out) is not None
+
+
+def machine(threads, jobs):
+    """Where a run ran, as its record says it: the GPU the scripts' --device auto takes, else the CPU."""
+    import torch
+    if torch.cuda.is_available():
+        return f"one {torch.cuda.get_device_name()} (bf16 autocast), {jobs} runs at a time"
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "a CPU") if Path("/proc/cpuinfo").exists() else "a CPU"
+    return f"{threads} threads of an {cpu}" + (f", {jobs} runs at a time" if jobs > 1 else "")
+
+
+def launch(script, flags, out, threads, jobs=1):
     """One run as a subprocess, resumed from its checkpoint if it has one; the wall time of each piece is added up in
     wall_seconds. A finished run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the
     weights and AdamW's moments: 1.6 GB) goes."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out.mkdir(parents=True, exist_ok=True)
+    (out / "machine").write_text(machine(threads, jobs) + "\n")
     where = ["--resume", str(out)] if (out / "checkpoint.pt").exists() else ["--out", str(out)]
     start = time.perf_counter()
     with open(out / "log.txt", "a") as log:
@@ -133,27 +169,35 @@ def launch(script, flags, out, threads):
     seconds = time.perf_counter() - start + (float((out / "wall_seconds").read_text()) if (out / "wall_seconds")
                                              .exists() else 0.0)
     (out / "wall_seconds").write_text(f"{seconds:.1f}\n")
-    if rc == 0 and finished(out):
+    rc = 0 if rc == 1 and stop_line(out) else rc          # stopped on purpose: an outcome
+    if rc == 0 and ended(out):
         (out / "checkpoint.pt").unlink(missing_ok=True)
     print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'} in {seconds / 60:.1f} min: "
           f"{script} {' '.join(flags)}", flush=True)
     return rc
 
 
-def run_all(labels, seeds, threads):
+def run_all(arms, seeds, threads, jobs=1):
+    """The arms' runs not yet recorded, seed by seed, `jobs` at a time (one at a time on a CPU: two 2-thread runs on 2
+    cores slow each other down 4x; a GPU takes many)."""
     model = gguf_file()
     ARITHMETIC.parent.mkdir(parents=True, exist_ok=True)
     ARITHMETIC.write_text("".join(json.dumps(row) + "\n" for row in problems()))
-    todo = [(label, script, flags, seed) for label, script, flags in ARMS if label in labels for seed in seeds
-            if not kept(label, seed)]
-    print(f"{len(todo)} runs to do, one at a time on {threads} threads", flush=True)
-    failed = 0
-    for label, script, flags, seed in todo:
-        failed += launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
-                         run_dir(label, seed), threads) != 0
-        kept(label, seed)
-    return failed
+    todo = [(label, script, flags, seed) for seed in seeds for label, script, flags in arms if not kept(label, seed)]
+    print(f"{len(todo)} runs to do, {jobs} at a time on {threads} threads each", flush=True)
+    if jobs > 1 and todo:
+        sys.path.insert(0, str(ROOT))
+        import common
+        common.gguf_folder(model)      # converted once here, not by every run at once
 
+    def one(run):
+        label, script, flags, seed = run
+        rc = launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
+                    run_dir(label, seed), threads, jobs)
+        kept(label, seed)
+        return rc != 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        return sum(pool.map(one, todo))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -200,12 +244,20 @@ def standard_error(p, n=HELD_OUT):
     return math.sqrt(p * (1 - p) / n)
 
 
-def collect():
-    """{label: [(seed, rows)]} of the finished runs."""
+def collect(arms=ARMS):
+    """{label: [(seed, rows)]} of the recorded runs: those that ran to the end and, in the lr study (`arms` LR_ARMS),
+    those that stopped on purpose. rows[-1]["stopped"] says which."""
     seeds = lambda label: sorted({*SEEDS, *(int(d.name[4:]) for d in run_dir(label, 0).parent.glob("seed*")),
                                   *(int(d.name[4:]) for d in run_dir(label, 0, RECORDS).parent.glob("seed*"))})
-    return {label: [(seed, read_metrics(kept(label, seed))) for seed in seeds(label) if kept(label, seed)]
-            for label, _, _ in ARMS}
+    runs = {label: [] for label, _, _ in arms}
+    for label in runs:
+        for seed in seeds(label):
+            record = kept(label, seed)
+            if record and (finished(record) or arms is LR_ARMS):
+                rows = read_metrics(record)
+                rows[-1]["stopped"] = stop_line(record) is not None
+                runs[label].append((seed, rows))
+    return runs
 
 
 def table(runs):
@@ -278,8 +330,66 @@ def claims(runs):
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:
         lines.append(f"- (e) GSPO's clip fraction and speed against GRPO's: {missing('gspo', 'grpo')}.")
-    lines.append("- Where each breaks (the lr study's multiples): not yet run on the real model.")
     return lines
+
+
+def lr_cells(lr_runs):
+    """{arm: {lr multiple: (finals of the seeds that ran to the end, how many fell, how many ended more than 0.10
+    below their base, [steps where other seeds stopped on purpose])}}, by the toy's criteria (compare.fell,
+    compare.ended_below) on the held-out evaluations, the step-0 one (the base) first."""
+    from compare import ended_below, fell
+    cells = {}
+    for label, seeds in lr_runs.items():
+        arm, k = label.rsplit(" lr x", 1)
+        evals = [[(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r] for _, rows in seeds
+                 if not rows[-1]["stopped"]]
+        stops = [rows[-1]["step"] for _, rows in seeds if rows[-1]["stopped"]]
+        if evals or stops:
+            cells.setdefault(arm, {})[int(k)] = ([e[-1][1] for e in evals], sum(map(fell, evals)),
+                                                 sum(map(ended_below, evals)), stops)
+    return cells
+
+
+def lr_table(lr_runs):
+    cells = lr_cells(lr_runs)
+    if not cells:
+        return ["Not run yet: `python benchmarks/real.py --lr-study` (on a GPU: `--jobs 4`)."]
+    bases = [rows[0]["eval_accuracy"] for seeds in lr_runs.values() for _, rows in seeds]
+    where = sorted({(run_dir(label, seed, RECORDS) / "machine").read_text().strip() for label, seeds in
+                    lr_runs.items() for seed, _ in seeds if (run_dir(label, seed, RECORDS) / "machine").exists()})
+    lines = [f"Made by `python benchmarks/real.py --lr-study` on {' and '.join(where) or MACHINE}"
+             f"; every run from the same setting as above, its --lr times k. The base (step 0) there: "
+             f"{mean_std(sorted(set(bases)))}. Each cell: the held-out final (mean ± std over the seeds that ran to the "
+             "end), then how many *fell* (compare.fell, fixed before the toy's lr study: more than 0.10 below the base "
+             "from some evaluation to the last) and how many ended more than 0.10 below it.", "",
+             "| arm | " + " | ".join(f"lr x{k} ({1e-5 * k:g})" for k in LR_TIMES) + " |",
+             "| --- |" + " --- |" * len(LR_TIMES)]
+    for arm, by_k in cells.items():
+        row = []
+        for k in LR_TIMES:
+            if k not in by_k:
+                row.append("—")
+                continue
+            finals, fallen, below, stops = by_k[k]
+            text = f"{mean_std(finals)}; fell {fallen}/{len(finals)}, ended below {below}/{len(finals)}" if finals \
+                else ""
+            if stops:
+                text += ("; " if text else "") + f"{len(stops)} stopped at step {'/'.join(map(str, stops))}"
+            row.append(text)
+        lines.append(f"| {arm} | " + " | ".join(row) + " |")
+    return lines
+
+
+def breaks(lr_runs):
+    """The claim line: for each arm, the smallest multiple at which any seed fell, ended below or stopped."""
+    cells = lr_cells(lr_runs)
+    if not cells:
+        return "- Where each breaks (the lr study's multiples): not yet run on the real model."
+    first = lambda by_k: next((f"x{k}" for k in LR_TIMES if k in by_k and (by_k[k][1] or by_k[k][2] or by_k[k][3])),
+                              f"nothing up to x{max(by_k)}")
+    return ("- Where each breaks (the lr study, the smallest lr multiple at which a seed fell, ended more than 0.10 "
+            "below its base or stopped): " + "; ".join(f"{arm} {first(by_k)}" for arm, by_k in cells.items()) +
+            " (the table in *Where each breaks* below).")
 
 
 def curves_figure(runs, path):
@@ -379,7 +489,9 @@ def report():
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "
                       f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
                       f"{check['run_last_eval']:.3f}.", ""]
-    lines += ["## Claims", ""] + claims(runs) + [""]
+    lr_runs = collect(LR_ARMS)
+    lines += ["## Claims", ""] + claims(runs) + [breaks(lr_runs), ""]
+    lines += ["## Where each breaks: the lr study", ""] + lr_table(lr_runs) + [""]
     if done:
         try:
             curves_figure(runs, RESULTS / "real.png")
@@ -395,14 +507,20 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(label for label, _, _ in ARMS),
                         help="arms to run, comma-separated: " + ", ".join(label for label, _, _ in ARMS))
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds, comma-separated")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run (runs go one at a time)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (1 on a CPU; 4 on a GPU)")
+    parser.add_argument("--lr-study", action="store_true",
+                        help="run the lr study's arms (grpo, gspo, dapo, ppo at lr x1, x3, x10, x30) instead")
     parser.add_argument("--report", action="store_true", help="only write real.md and real.png from the runs there are")
     args = parser.parse_args(argv)
     labels = args.only.split(",")
     unknown = [label for label in labels if label not in [a for a, _, _ in ARMS]]
     if unknown:
         parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
-    failed = 0 if args.report else run_all(labels, [int(s) for s in args.seeds.split(",")], args.threads)
+    if args.jobs < 1 or args.threads < 1:
+        parser.error("--jobs and --threads must be at least 1")
+    arms = LR_ARMS if args.lr_study else [arm for arm in ARMS if arm[0] in labels]
+    failed = 0 if args.report else run_all(arms, [int(s) for s in args.seeds.split(",")], args.threads, args.jobs)
     report()
     sys.exit(1 if failed else 0)
 

@@ -95,7 +95,7 @@ def test_each_claim_gets_its_verdict_by_the_rule_from_two_seeds_on():
             "dapo": [(0, run(0.50)), (1, run(0.52))],
             "dapo seq-mean": [(0, run(0.30)), (1, run(0.31))],                # token-level above: holds
             "ppo": [(0, run(0.30, ev=(0.2, 0.21))), (1, run(0.32, ev=(0.3, 0.29)))]}   # q1 and q4 level: does not
-    a, d, e, lr = real.claims(runs)
+    a, d, e = real.claims(runs)
     assert a.startswith("- (a) PPO's critic knows late positions worse: **does not hold here**")
     assert "first / last quarter of each completion 0.250 ± 0.071 / 0.250 ± 0.057" in a
     assert "PPO's held-out final 0.310 ± 0.014 is below GRPO's 0.410 ± 0.014" in a
@@ -106,3 +106,42 @@ def test_each_claim_gets_its_verdict_by_the_rule_from_two_seeds_on():
     assert "**does not hold here**" in real.claims(runs)[2]
     del runs["dapo seq-mean"]
     assert real.claims(runs)[1].endswith("needs dapo and dapo seq-mean with at least 2 seeds.")
+
+
+def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_toys_criterion(tmp_path, monkeypatch):
+    by_label = {label: (script, flags) for label, script, flags in real.LR_ARMS}
+    assert len(by_label) == 16 and by_label["grpo lr x1"] == ("grpo.py", ["--lr", "1e-05"])
+    assert by_label["ppo lr x30"][1][-2:] == ["--lr", "0.0003"] and "--critic-lr" in by_label["ppo lr x30"][1]
+    grpo = __import__("grpo")
+    args = common.parse_args(grpo.Args, grpo.__doc__, real.SETTING + by_label["grpo lr x10"][1])
+    assert args.lr == pytest.approx(1e-4)                              # the arm's --lr comes last, and wins
+    monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(real, "RECORDS", tmp_path / "records")
+    assert real.lr_table(real.collect(real.LR_ARMS))[0].startswith("Not run yet")
+
+    def record(label, seed, evals, stop=None):
+        out = real.run_dir(label, seed, real.RUNS)
+        out.mkdir(parents=True)
+        rows = metrics(evals, [0.2] * len(evals))
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / "wall_seconds").write_text("60.0\n")
+        (out / "machine").write_text("one NVIDIA H200 (bf16 autocast), 4 runs at a time\n")
+        (out / "log.txt").write_text("grpo: ...\nstopped: no group has a reward signal\n" if stop else "grpo: ...\n")
+    record("grpo lr x1", 0, [0.2, 0.3, 0.4, 0.5])
+    record("grpo lr x1", 1, [0.2, 0.3, 0.4, 0.4])
+    record("grpo lr x3", 0, [0.2, 0.05, 0.09, 0.0])                   # fell at step 10 and stayed: fell
+    record("grpo lr x3", 1, [0.2, 0.05, 0.3, 0.05])                   # came back, so not fell; ended below
+    record("grpo lr x3", 2, [0.2, 0.1, 0.2, 0.1])                     # exactly 0.10 below: neither
+    record("dapo lr x30", 0, [0.2, 0.0], stop=True)                   # stopped at step 10 on purpose
+    runs = real.collect(real.LR_ARMS)
+    assert real.kept("dapo lr x30", 0) and (real.run_dir("dapo lr x30", 0, real.RECORDS) / "stopped").exists()
+    cells = real.lr_cells(runs)
+    assert cells["grpo"][1] == ([0.5, 0.4], 0, 0, [])
+    assert cells["grpo"][3] == ([0.0, 0.05, 0.1], 1, 2, [])           # 0.2 -> 0.1 is not more than 0.10 below
+    assert cells["dapo"] == {30: ([], 0, 0, [10])}
+    table = "\n".join(real.lr_table(runs))
+    assert "on one NVIDIA H200 (bf16 autocast), 4 runs at a time;" in table and "The base (step 0) there: 0.200" in table
+    assert "| grpo | 0.450 ± 0.071; fell 0/2, ended below 0/2 | 0.050 ± 0.050; fell 1/3, ended below 2/3 | — | — |" \
+        in table
+    assert "| dapo | — | — | — | 1 stopped at step 10 |" in table
+    assert real.breaks(runs).endswith(": grpo x3; dapo x30 (the table in *Where each breaks* below).")
