@@ -735,7 +735,9 @@ def check_scoring(model, name):
 
 def load_hf(name, device, dtype=torch.float32):
     """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off. The
-    weights in fp32 (the optimizer's master weights), or in the checkpoint's dtype with dtype="auto"."""
+    weights in fp32 (the optimizer's master weights), or in the checkpoint's dtype with dtype="auto". Hub kernels
+    stay off too: with the `kernels` package (a dependency of transformers 5.25) model.train() on a GPU swaps in
+    layers downloaded from the Hub, which fails offline and is not the arithmetic this code checks."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     path = os.path.expanduser(name)
     if path.endswith(".gguf"):
@@ -749,7 +751,7 @@ def load_hf(name, device, dtype=torch.float32):
     name = path
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype, use_kernels=False)
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
@@ -784,7 +786,8 @@ def gguf_folder(name):
         return str(folder)
     print(f"converting {name} to a Hugging Face folder, once: {folder}", file=sys.stderr)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                     use_kernels=False)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:  # a broken or unsupported file raises many kinds; any of them means: cannot use it
         raise UsageError(f"--model {name}: cannot load this GGUF file ({str(e).splitlines()[0]})") from None

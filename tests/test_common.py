@@ -273,3 +273,12 @@ def test_ratio_variance_and_routing_drift_by_quarter():
     assert m["routing_drift_q1"] == pytest.approx((0.5 + 0) / 2)
     assert m["routing_drift_q4"] == pytest.approx((1 + 0) / 2)
     assert m["routing_drift"] == pytest.approx((0.5 + 1) / 6)
+
+
+def test_hf_models_load_without_hub_kernels(hf_dense):
+    # transformers 5.25 turns Hub kernels on by default; on a GPU model.train() then downloads layers (it failed
+    # offline on an H200: "Kernel repository 'kernels-community/rotary' could not verify publisher trust status").
+    model, _ = common.load_hf(str(hf_dense), torch.device("cpu"))
+    assert not getattr(model, "use_kernels", False)
+    model.train()
+    assert not getattr(model, "use_kernels", False)
