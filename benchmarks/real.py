@@ -58,7 +58,10 @@ REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/s
            ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "
                         "its s/step and wall time are not comparable with the runs on two threads",
            ("dapo seq-mean", 0): "a 2-minute test session ran beside its step 12 (160 s, the others 31-59 s): its "
-                                 "median s/step stands, its wall time reads about 2 min high"}
+                                 "median s/step stands, its wall time reads about 2 min high",
+           ("ppo", 1): "stopped at step 10 and resumed: its wall time is the second piece's only (the first, steps "
+                       "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
+                       "its cores during steps 11-22"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,8 +338,8 @@ def claims(runs):
 
 def lr_cells(lr_runs):
     """{arm: {lr multiple: (finals of the seeds that ran to the end, how many fell, how many ended more than 0.10
-    below their base, [steps where other seeds stopped on purpose])}}, by the toy's criteria (compare.fell,
-    compare.ended_below) on the held-out evaluations, the step-0 one (the base) first."""
+    below their base, [steps where other seeds stopped on purpose], their best evaluations)}}, by the toy's criteria
+    (compare.fell, compare.ended_below) on the held-out evaluations, the step-0 one (the base) first."""
     from compare import ended_below, fell
     cells = {}
     for label, seeds in lr_runs.items():
@@ -346,7 +349,8 @@ def lr_cells(lr_runs):
         stops = [rows[-1]["step"] for _, rows in seeds if rows[-1]["stopped"]]
         if evals or stops:
             cells.setdefault(arm, {})[int(k)] = ([e[-1][1] for e in evals], sum(map(fell, evals)),
-                                                 sum(map(ended_below, evals)), stops)
+                                                 sum(map(ended_below, evals)), stops,
+                                                 [max(acc for _, acc in e) for e in evals])
     return cells
 
 
@@ -359,9 +363,10 @@ def lr_table(lr_runs):
                     lr_runs.items() for seed, _ in seeds if (run_dir(label, seed, RECORDS) / "machine").exists()})
     lines = [f"Made by `python benchmarks/real.py --lr-study` on {' and '.join(where) or MACHINE}"
              f"; every run from the same setting as above, its --lr times k. The base (step 0) there: "
-             f"{mean_std(sorted(set(bases)))}. Each cell: the held-out final (mean ± std over the seeds that ran to the "
-             "end), then how many *fell* (compare.fell, fixed before the toy's lr study: more than 0.10 below the base "
-             "from some evaluation to the last) and how many ended more than 0.10 below it.", "",
+             f"{mean_std(sorted(set(bases)))} (bf16 arithmetic decodes some problems otherwise than fp32 on a CPU). "
+             "Each cell: the held-out final (mean ± std over the seeds that ran to the end) and its best evaluation, "
+             "then how many *fell* (compare.fell, fixed before the toy's lr study: more than 0.10 below the base from "
+             "some evaluation to the last) and how many ended more than 0.10 below it.", "",
              "| arm | " + " | ".join(f"lr x{k} ({1e-5 * k:g})" for k in LR_TIMES) + " |",
              "| --- |" + " --- |" * len(LR_TIMES)]
     for arm, by_k in cells.items():
@@ -370,9 +375,9 @@ def lr_table(lr_runs):
             if k not in by_k:
                 row.append("—")
                 continue
-            finals, fallen, below, stops = by_k[k]
-            text = f"{mean_std(finals)}; fell {fallen}/{len(finals)}, ended below {below}/{len(finals)}" if finals \
-                else ""
+            finals, fallen, below, stops, best = by_k[k]
+            text = (f"{mean_std(finals)} (best {mean_std(best)}); fell {fallen}/{len(finals)}, ended below "
+                    f"{below}/{len(finals)}") if finals else ""
             if stops:
                 text += ("; " if text else "") + f"{len(stops)} stopped at step {'/'.join(map(str, stops))}"
             row.append(text)
@@ -385,7 +390,9 @@ def breaks(lr_runs):
     cells = lr_cells(lr_runs)
     if not cells:
         return "- Where each breaks (the lr study's multiples): not yet run on the real model."
-    first = lambda by_k: next((f"x{k}" for k in LR_TIMES if k in by_k and (by_k[k][1] or by_k[k][2] or by_k[k][3])),
+    seeds = lambda cell: f"{len(cell[0]) + len(cell[3])} seed{'s' if len(cell[0]) + len(cell[3]) > 1 else ''}"
+    broke = lambda cell: cell[1] or cell[2] or cell[3]
+    first = lambda by_k: next((f"x{k} ({seeds(by_k[k])})" for k in LR_TIMES if k in by_k and broke(by_k[k])),
                               f"nothing up to x{max(by_k)}")
     return ("- Where each breaks (the lr study, the smallest lr multiple at which a seed fell, ended more than 0.10 "
             "below its base or stopped): " + "; ".join(f"{arm} {first(by_k)}" for arm, by_k in cells.items()) +

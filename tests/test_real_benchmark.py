@@ -136,12 +136,14 @@ def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_to
     runs = real.collect(real.LR_ARMS)
     assert real.kept("dapo lr x30", 0) and (real.run_dir("dapo lr x30", 0, real.RECORDS) / "stopped").exists()
     cells = real.lr_cells(runs)
-    assert cells["grpo"][1] == ([0.5, 0.4], 0, 0, [])
-    assert cells["grpo"][3] == ([0.0, 0.05, 0.1], 1, 2, [])           # 0.2 -> 0.1 is not more than 0.10 below
-    assert cells["dapo"] == {30: ([], 0, 0, [10])}
+    assert cells["grpo"][1] == ([0.5, 0.4], 0, 0, [], [0.5, 0.4])
+    assert cells["grpo"][3][:4] == ([0.0, 0.05, 0.1], 1, 2, [])       # 0.2 -> 0.1 is not more than 0.10 below
+    assert cells["dapo"] == {30: ([], 0, 0, [10], [])}
     table = "\n".join(real.lr_table(runs))
-    assert "on one NVIDIA H200 (bf16 autocast), 4 runs at a time;" in table and "The base (step 0) there: 0.200" in table
-    assert "| grpo | 0.450 ± 0.071; fell 0/2, ended below 0/2 | 0.050 ± 0.050; fell 1/3, ended below 2/3 | — | — |" \
-        in table
+    assert "on one NVIDIA H200 (bf16 autocast), 4 runs at a time;" in table
+    assert "The base (step 0) there: 0.200" in table
+    assert ("| grpo | 0.450 ± 0.071 (best 0.450 ± 0.071); fell 0/2, ended below 0/2 | "
+            "0.050 ± 0.050 (best 0.233 ± 0.058); fell 1/3, ended below 2/3 | — | — |") in table
     assert "| dapo | — | — | — | 1 stopped at step 10 |" in table
-    assert real.breaks(runs).endswith(": grpo x3; dapo x30 (the table in *Where each breaks* below).")
+    assert real.breaks(runs).endswith(": grpo x3 (3 seeds); dapo x30 (1 seed) (the table in *Where each breaks* "
+                                      "below).")
