@@ -41,8 +41,8 @@ ARMS = [("grpo", "grpo.py", []),
         ("dapo", "dapo.py", []),
         ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]),
         ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
-# Two seeds: a run takes 20-36 min on 2 cores, so the 6 arms' 3 seeds asked for would take about 7.5 h, over the
-# 5 h budget; 2 seeds take about 5 h. `--seeds 2` runs a third, which the report then includes.
+# Two seeds: a run takes 18-25 min on 2 cores, ppo's about 1 h, so 2 seeds of the 6 arms took about 5.6 h, over the
+# 5 h budget, and the 3 asked for would take about 8.4 h. `--seeds 2` runs a third, which the report includes.
 SEEDS = (0, 1)
 # Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
 # 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
