@@ -11,6 +11,7 @@ this script writes (ARITHMETIC), the reward is the default answer reward. Runs g
 git); a run stopped half way continues from its last checkpoint. What was chosen and why: benchmarks/README.md.
 """
 import argparse
+import collections
 import concurrent.futures
 import importlib.util
 import json
@@ -248,15 +249,15 @@ def standard_error(p, n=HELD_OUT):
 
 
 def collect(arms=ARMS):
-    """{label: [(seed, rows)]} of the recorded runs: those that ran to the end and, in the lr study (`arms` LR_ARMS),
-    those that stopped on purpose. rows[-1]["stopped"] says which."""
+    """{label: [(seed, rows)]} of the recorded runs, those that ran to the end and those that stopped on purpose:
+    rows[-1]["stopped"] says which."""
     seeds = lambda label: sorted({*SEEDS, *(int(d.name[4:]) for d in run_dir(label, 0).parent.glob("seed*")),
                                   *(int(d.name[4:]) for d in run_dir(label, 0, RECORDS).parent.glob("seed*"))})
     runs = {label: [] for label, _, _ in arms}
     for label in runs:
         for seed in seeds(label):
             record = kept(label, seed)
-            if record and (finished(record) or arms is LR_ARMS):
+            if record:
                 rows = read_metrics(record)
                 rows[-1]["stopped"] = stop_line(record) is not None
                 runs[label].append((seed, rows))
@@ -336,10 +337,14 @@ def claims(runs):
     return lines
 
 
+# One cell of the lr table: the finals of the seeds that ran to the end, how many of them fell, how many ended more than
+# 0.10 below their base, the steps where other seeds stopped on purpose, and the best evaluation of each finished seed.
+Cell = collections.namedtuple("Cell", "finals fell below stops best")
+
+
 def lr_cells(lr_runs):
-    """{arm: {lr multiple: (finals of the seeds that ran to the end, how many fell, how many ended more than 0.10
-    below their base, [steps where other seeds stopped on purpose], their best evaluations)}}, by the toy's criteria
-    (compare.fell, compare.ended_below) on the held-out evaluations, the step-0 one (the base) first."""
+    """{arm: {lr multiple: Cell}}, by the toy's criteria (compare.fell, compare.ended_below) on the held-out
+    evaluations, the step-0 one (the base) first."""
     from compare import ended_below, fell
     cells = {}
     for label, seeds in lr_runs.items():
@@ -348,9 +353,9 @@ def lr_cells(lr_runs):
                  if not rows[-1]["stopped"]]
         stops = [rows[-1]["step"] for _, rows in seeds if rows[-1]["stopped"]]
         if evals or stops:
-            cells.setdefault(arm, {})[int(k)] = ([e[-1][1] for e in evals], sum(map(fell, evals)),
-                                                 sum(map(ended_below, evals)), stops,
-                                                 [max(acc for _, acc in e) for e in evals])
+            cells.setdefault(arm, {})[int(k)] = Cell([e[-1][1] for e in evals], sum(map(fell, evals)),
+                                                     sum(map(ended_below, evals)), stops,
+                                                     [max(acc for _, acc in e) for e in evals])
     return cells
 
 
@@ -358,12 +363,13 @@ def lr_table(lr_runs):
     cells = lr_cells(lr_runs)
     if not cells:
         return ["Not run yet: `python benchmarks/real.py --lr-study` (on a GPU: `--jobs 4`)."]
-    bases = [rows[0]["eval_accuracy"] for seeds in lr_runs.values() for _, rows in seeds]
+    bases = sorted({rows[0]["eval_accuracy"] for seeds in lr_runs.values() for _, rows in seeds})
     where = sorted({(run_dir(label, seed, RECORDS) / "machine").read_text().strip() for label, seeds in
                     lr_runs.items() for seed, _ in seeds if (run_dir(label, seed, RECORDS) / "machine").exists()})
     lines = [f"Made by `python benchmarks/real.py --lr-study` on {' and '.join(where) or MACHINE}"
              f"; every run from the same setting as above, its --lr times k. The base (step 0) there: "
-             f"{mean_std(sorted(set(bases)))} (bf16 arithmetic decodes some problems otherwise than fp32 on a CPU). "
+             f"{' / '.join(f'{b:.3f}' for b in bases)} (bf16 arithmetic decodes some problems otherwise than fp32 "
+             "on a CPU). "
              "Each cell: the held-out final (mean ± std over the seeds that ran to the end) and its best evaluation, "
              "then how many *fell* (compare.fell, fixed before the toy's lr study: more than 0.10 below the base from "
              "some evaluation to the last) and how many ended more than 0.10 below it.", "",
@@ -375,11 +381,11 @@ def lr_table(lr_runs):
             if k not in by_k:
                 row.append("—")
                 continue
-            finals, fallen, below, stops, best = by_k[k]
-            text = (f"{mean_std(finals)} (best {mean_std(best)}); fell {fallen}/{len(finals)}, ended below "
-                    f"{below}/{len(finals)}") if finals else ""
-            if stops:
-                text += ("; " if text else "") + f"{len(stops)} stopped at step {'/'.join(map(str, stops))}"
+            c = by_k[k]
+            text = (f"{mean_std(c.finals)} (best {mean_std(c.best)}); fell {c.fell}/{len(c.finals)}, ended below "
+                    f"{c.below}/{len(c.finals)}") if c.finals else ""
+            if c.stops:
+                text += ("; " if text else "") + f"{len(c.stops)} stopped at step {'/'.join(map(str, c.stops))}"
             row.append(text)
         lines.append(f"| {arm} | " + " | ".join(row) + " |")
     return lines
@@ -390,8 +396,8 @@ def breaks(lr_runs):
     cells = lr_cells(lr_runs)
     if not cells:
         return "- Where each breaks (the lr study's multiples): not yet run on the real model."
-    seeds = lambda cell: f"{len(cell[0]) + len(cell[3])} seed{'s' if len(cell[0]) + len(cell[3]) > 1 else ''}"
-    broke = lambda cell: cell[1] or cell[2] or cell[3]
+    seeds = lambda c: f"{len(c.finals) + len(c.stops)} seed{'s' if len(c.finals) + len(c.stops) > 1 else ''}"
+    broke = lambda c: c.fell or c.below or c.stops
     first = lambda by_k: next((f"x{k} ({seeds(by_k[k])})" for k in LR_TIMES if k in by_k and broke(by_k[k])),
                               f"nothing up to x{max(by_k)}")
     return ("- Where each breaks (the lr study, the smallest lr multiple at which a seed fell, ended more than 0.10 "
@@ -461,7 +467,9 @@ def export_check(out, record):
 
 
 def report():
-    runs = collect()
+    # The main table and claims read each run's last evaluation, which a run that stopped early has not reached.
+    runs = {label: [(seed, rows) for seed, rows in seeds if not rows[-1]["stopped"]]
+            for label, seeds in collect().items()}
     done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
     lines = [f"# A real pretrained model: SmolLM2-135M-Instruct on sums and products, on {MACHINE}", "",
              "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
