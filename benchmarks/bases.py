@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
 import grpo  # noqa: E402
+import bench  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FINE = dict(n_layers=4, n_experts=64, top_k=8, expert_hidden=16)
@@ -56,10 +57,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(BASES), help=f"bases, comma-separated: {', '.join(BASES)}")
     args = parser.parse_args(argv)
-    labels = args.only.split(",")
-    unknown = [b for b in labels if b not in BASES]
-    if unknown:
-        parser.error(f"unknown base {', '.join(unknown)}; choose from {', '.join(BASES)}")
+    labels = bench.only(parser, args.only, BASES, "base")
     header = ["base", "completion tokens"] + [f"seed {s}, {t} thread{'s' * (t > 1)}" for s, t in TRIALS] + [
         "spread", "seconds (seed 0: 1 / 2 threads)"]
     rows = measured()                                    # the bases measured before: kept unless measured again

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
 import grpo  # noqa: E402
 import moe_model  # noqa: E402
+import bench  # noqa: E402
 
 RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "ceiling", ROOT / "benchmarks" / "results"
 COMPLETIONS = 102_400
@@ -120,9 +121,7 @@ def main():
         s = signal(model.eval(), world)
         lines.append(f"| {label} | {s['greedy']:.3f} | {s['sampled']:.3f} | {s['signal']:.3f} | {s['all_wrong']:.3f} "
                      f"| {s['all_right']:.3f} | {s['rescued']:.3f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ceiling.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'ceiling.md'}")
+    bench.write(RESULTS / "ceiling.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,17 +37,16 @@ run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the
 """
 import argparse
 import importlib
-import json
 import math
-import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import bench
+from bench import read_metrics, stop_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
@@ -176,32 +175,11 @@ def build_hf_moe(folder=HF_MOE):
     64 experts top-8 of hidden size 16, character tokenizer, random weights. At initialisation experts
     add little to the residual stream, so which ones a token gets hardly matters; scaled by 3, as after
     training, they do. Also writes the `add` problems as JSONL and the reward."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig
-    sys.path.insert(0, str(ROOT))
-    import common
     if (folder / "reward.py").exists():
         return
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + list("0123456789+="))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    config = Qwen3MoeConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, num_experts=64,
-                            num_experts_per_tok=8, moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[],
-                            norm_topk_prob=True, pad_token_id=0, eos_token_id=1, bos_token_id=1)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".mlp." in name:                                     # the experts and the router
-                p.mul_(3)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "add.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n"
-                                              for p, a in common.add_problems()))
+    bench.tiny_qwen3_moe(folder, "add.jsonl", "0123456789+=", scale=3, num_hidden_layers=4,
+                          max_position_embeddings=64, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=16,
+                          norm_topk_prob=True)
     (folder / "reward.py").write_text(REWARD)
 
 
@@ -218,33 +196,17 @@ def default_steps(script):
 def finished(out, steps):
     """Ran to its last step, or stopped on purpose (dapo.py when no group has a reward signal left): an outcome,
     not a failure to run again."""
-    rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
-    return bool(rows) and (rows[-1]["step"] == steps or stopped(out))
-
-
-def stopped(out):
-    log = out / "log.txt"
-    return log.exists() and "\nstopped: " in log.read_text()
+    rows = read_metrics(out)
+    return bool(rows) and (rows[-1]["step"] == steps or stop_line(out) is not None)
 
 
 def launch(job):
-    """One run as a subprocess; its whole wall time goes to wall_seconds. `defaults` runs start from an empty
-    warm-start cache (their own), as a user's first run does."""
+    """One run from nothing, as bench.launch. `defaults` runs start from an empty warm-start cache (their own), as
+    a user's first run does."""
     script, flags, out, threads = job
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    shutil.rmtree(out, ignore_errors=True)           # an unfinished or --rerun run starts again from nothing
-    out.mkdir(parents=True)
-    if out.parent.parent.name == "defaults":
-        env["RL_CACHE_DIR"] = str(out / "cache")
-    start = time.perf_counter()
-    with open(out / "log.txt", "w") as log:
-        rc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT).returncode
-    (out / "wall_seconds").write_text(f"{time.perf_counter() - start:.1f}\n")
+    env = {"RL_CACHE_DIR": str(out / "cache")} if out.parent.parent.name == "defaults" else {}
+    rc = bench.launch(script, flags, out, threads, env)
     shutil.rmtree(out / "cache", ignore_errors=True)
-    rc = 0 if rc == 1 and stopped(out) else rc
-    print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'}: {script} {' '.join(flags)}",
-          flush=True)
     return rc
 
 
@@ -281,23 +243,18 @@ def run_all(experiments, seeds, quick, jobs, threads, rerun):
         build_hf_moe()
     print(f"{len(todo)} runs to do, {jobs} at a time", flush=True)
     start = time.perf_counter()
-    with ThreadPoolExecutor(jobs) as pool:
-        codes = list(pool.map(launch, todo))
+    failed = bench.run_all(launch, todo, jobs)
     minutes = (time.perf_counter() - start) / 60
     print(f"{len(todo)} runs in {minutes:.1f} min", flush=True)
     for name in experiments if todo else []:       # an experiment run in pieces: its pieces' times add up
         with open(elapsed_file(name, quick), "a") as f:
             f.write(f"{minutes:.1f} min, {len(todo)} runs, {jobs} at a time on {threads} thread(s) each: "
                     f"{','.join(experiments)}\n")
-    return sum(rc != 0 for rc in codes)
+    return failed
 
 
 # ---------------------------------------------------------------------------------------------------
 # Summaries: one row of scalars per run, then mean +- std over seeds
-
-def read_metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
 
 def sampled_accuracy(row):
     """The policy's own accuracy: DAPO's `accuracy` is over the kept (filtered) groups only."""
@@ -455,7 +412,7 @@ def collect(name, seeds, quick):
         found[label] = [read_metrics(o) for _, o in outs]
         for (seed, o), rows in zip(outs, found[label]):
             rows[-1]["seed"] = seed
-            rows[-1]["stopped"] = stopped(o)         # its last row says whether the run stopped on purpose there
+            rows[-1]["stopped"] = stop_line(o) is not None   # its last row says whether the run stopped on purpose
             wall = o / "wall_seconds"
             rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None
     return found
@@ -550,10 +507,7 @@ def panels(name, runs):
 
 
 def figure(name, runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = bench.subplots(2, 2, figsize=(12, 8))
     for ax, p in zip(axes.flat, panels(name, runs)):
         for label, (xs, means, stds) in p["series"].items():
             ax.plot(xs, means, label=label, marker="." if len(xs) < 40 else None)
@@ -568,9 +522,7 @@ def figure(name, runs, path):
     marks = "the base's greedy accuracy" + (" (bottom), 2% truncated (top left)" if name == "length" else "")
     fig.suptitle(f"{name}: mean over {seeds} seeds, band ± 1 std over seeds\nper-step curves: moving mean over "
                  f"{smoothing(runs)} steps{' (share truncated: none)' if name == 'length' else ''}; dashed: {marks}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    bench.save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -629,11 +581,8 @@ def lr_table(runs):
 
 
 def lr_figure(runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     results, bases = lr_results(runs)
-    fig, axes = plt.subplots(1, len(MODELS), figsize=(12, 4.5), sharey=True)
+    fig, axes = bench.subplots(1, len(MODELS), figsize=(12, 4.5), sharey=True)
     for ax, model in zip(axes, MODELS):
         for (m, arm), by_lr in results.items():
             if m == model:
@@ -651,9 +600,7 @@ def lr_figure(runs, path):
     axes[0].legend()
     seeds = max((len(f[0]) + len(f[2]) for by_lr in results.values() for f in by_lr.values()), default=0)
     fig.suptitle(f"lr: final accuracy, mean ± 1 std over {seeds} seeds; dashed: the base, dotted: 0.10 below it")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    bench.save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -789,18 +736,14 @@ def long_report(runs, quick, results):
               "| run | command |", "| --- | --- |"]
     for label, script, flags in runs_of("long", quick):
         lines.append(f"| {label} | `python {script} {' '.join(run_flags('long', flags, quick))}` |")
-    (results / "long.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {results / 'long.md'}")
+    bench.write(results / "long.md", "\n".join(lines) + "\n")
 
 
 def long_figure(runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     groups = long_groups(runs)
     models = list(dict.fromkeys(k[0] for k in groups))
     columns = max(sum(k[0] == m for k in groups) for m in models)
-    fig, axes = plt.subplots(len(models), columns, figsize=(4 * columns, 3.6 * len(models)), squeeze=False)
+    fig, axes = bench.subplots(len(models), columns, figsize=(4 * columns, 3.6 * len(models)), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
     for row, model in enumerate(models):
@@ -821,16 +764,12 @@ def long_figure(runs, path):
     seeds = max(len(s) for s in runs.values())
     fig.suptitle(f"long: greedy accuracy, mean over {seeds} seeds, band ± 1 std\n(evaluations: not smoothed); "
                  "dashed: the base")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    bench.save_figure(fig, path, dpi=80)
 
 
 def long_claims_figure(runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    from matplotlib.ticker import NullLocator
+    fig, axes = bench.subplots(2, 2, figsize=(12, 8))
     style = {"toy MoE": "-", "fine toy": "--", "dense toy": ":"}
     for ax, key, title, only, yscale in (
             (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o, blue) and last (s, cyan) quarter",
@@ -855,13 +794,11 @@ def long_claims_figure(runs, path):
         tokens = sorted({t for pts in long_points(runs, "final").values() for t, _, _ in pts})
         ax.set(title=title, xlabel="completion tokens", xscale="log", yscale=yscale)
         ax.set_xticks(tokens, [str(t) for t in tokens])
-        ax.minorticks_off() if yscale == "linear" else ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.minorticks_off() if yscale == "linear" else ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.suptitle("long: each claim's quantity against the completion length, mean ± 1 std over seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    bench.save_figure(fig, path, dpi=80)
 
 
 def old_sections(path):
@@ -918,8 +855,7 @@ def report(seeds, quick):
         if name not in ("depth", "defaults"):
             figure(name, runs, results / f"{name}.png")
             lines += [f"![{name}]({name}.png)", ""]
-    (results / "study.md").write_text("\n".join(lines))
-    print(f"wrote {results / 'study.md'}")
+    bench.write(results / "study.md", "\n".join(lines))
 
 
 def main(argv=None):
@@ -934,10 +870,7 @@ def main(argv=None):
     parser.add_argument("--rerun", action="store_true", help="run again even where a finished run exists")
     parser.add_argument("--report", action="store_true", help="only redraw tables and figures from finished runs")
     args = parser.parse_args(argv)
-    experiments = args.only.split(",")
-    unknown = [e for e in experiments if e not in EXPERIMENTS]
-    if unknown:
-        parser.error(f"unknown experiment {', '.join(unknown)}; choose from {', '.join(EXPERIMENTS)}")
+    experiments = bench.only(parser, args.only, EXPERIMENTS, "experiment")
     if (args.seeds is not None and args.seeds < 1) or args.jobs < 1 or args.threads < 1:
         parser.error("--seeds, --jobs and --threads must be at least 1")
     seeds = list(range(args.seeds or (2 if args.quick else 3)))

@@ -49,6 +49,7 @@ USED = []                                     # the points this run writes memor
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
 import ppo  # noqa: E402
+import bench  # noqa: E402
 
 GiB = 2**30
 PROMPT, COMPLETION, COMPLETIONS, MINIBATCHES = 150, 512, 64, 4      # the README's example step
@@ -834,9 +835,7 @@ def main(argv=None):
              "`--report` measures nothing) and writes this file from them.", "",
              f"Measured on {'; '.join(where) or 'nothing yet'}. Measuring took {took:.0f} min in all (the points' own "
              f"times); this run {(time.perf_counter() - start) / 60:.0f} min.", "", *lines]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+    bench.write(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

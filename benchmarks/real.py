@@ -12,18 +12,17 @@ git); a run stopped half way continues from its last checkpoint. What was chosen
 """
 import argparse
 import collections
-import concurrent.futures
 import importlib.util
 import json
 import math
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import bench
+from bench import read_metrics, stop_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "real", ROOT / "benchmarks" / "results"
@@ -125,23 +124,9 @@ def kept(label, seed):
     return record if ended(record) else None
 
 
-def read_metrics(out):
-    path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def finished(out):
     rows = read_metrics(out)
     return bool(rows) and rows[-1]["step"] == STEPS and "eval_accuracy" in rows[-1]
-
-
-def stop_line(out):
-    """The script's 'stopped: ...' line when the run stopped on purpose (repeated non-finite updates; dapo.py with no
-    group left that has a reward signal): an outcome of the lr study, not a failure. None otherwise."""
-    for name in ("stopped", "log.txt"):
-        if (out / name).exists():
-            return next((line for line in (out / name).read_text().splitlines() if line.startswith("stopped: ")), None)
-    return None
 
 
 def ended(out):
@@ -158,32 +143,11 @@ def machine(threads, jobs):
     return f"{threads} threads of an {cpu}" + (f", {jobs} runs at a time" if jobs > 1 else "")
 
 
-def launch(script, flags, out, threads, jobs=1):
-    """One run as a subprocess, resumed from its checkpoint if it has one; the wall time of each piece is added up in
-    wall_seconds. A finished run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the
-    weights and AdamW's moments: 1.6 GB) goes."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "machine").write_text(machine(threads, jobs) + "\n")
-    where = ["--resume", str(out)] if (out / "checkpoint.pt").exists() else ["--out", str(out)]
-    start = time.perf_counter()
-    with open(out / "log.txt", "a") as log:
-        rc = subprocess.run([sys.executable, str(ROOT / script), *flags, *where], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start + (float((out / "wall_seconds").read_text()) if (out / "wall_seconds")
-                                             .exists() else 0.0)
-    (out / "wall_seconds").write_text(f"{seconds:.1f}\n")
-    rc = 0 if rc == 1 and stop_line(out) else rc          # stopped on purpose: an outcome
-    if rc == 0 and ended(out):
-        (out / "checkpoint.pt").unlink(missing_ok=True)
-    print(f"  {'done' if rc == 0 else f'FAILED (exit {rc}, see {out}/log.txt)'} in {seconds / 60:.1f} min: "
-          f"{script} {' '.join(flags)}", flush=True)
-    return rc
-
-
 def run_all(arms, seeds, threads, jobs=1):
     """The arms' runs not yet recorded, seed by seed, `jobs` at a time (one at a time on a CPU: two 2-thread runs on 2
-    cores slow each other down 4x; a GPU takes many)."""
+    cores slow each other down 4x; a GPU takes many). A run stopped half way resumes from its checkpoint. A finished
+    run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the weights and AdamW's moments:
+    1.6 GB) goes."""
     model = gguf_file()
     ARITHMETIC.parent.mkdir(parents=True, exist_ok=True)
     ARITHMETIC.write_text("".join(json.dumps(row) + "\n" for row in problems()))
@@ -196,12 +160,16 @@ def run_all(arms, seeds, threads, jobs=1):
 
     def one(run):
         label, script, flags, seed = run
-        rc = launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
-                    run_dir(label, seed), threads, jobs)
+        out = run_dir(label, seed)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "machine").write_text(machine(threads, jobs) + "\n")
+        rc = bench.launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
+                           out, threads, resume=True)
+        if rc == 0 and ended(out):
+            (out / "checkpoint.pt").unlink(missing_ok=True)
         kept(label, seed)
-        return rc != 0
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        return sum(pool.map(one, todo))
+        return rc
+    return bench.run_all(one, todo, jobs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -407,14 +375,10 @@ def breaks(lr_runs):
 
 def curves_figure(runs, path):
     """Held-out greedy accuracy, sampled reward, completion length and truncation against the step, seeds averaged."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     panels = [("eval_accuracy", "held-out greedy accuracy"), ("reward_mean", "sampled reward"),
               ("response_len_mean", "completion length (tokens)"), ("truncated_frac", "truncated share")]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    fig, axes = bench.subplots(1, 4, figsize=(18, 4))
     for label, seeds in runs.items():
-        walls = [float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) / 60 for seed, _ in seeds]
         if not seeds:
             continue
         for ax, (key, title) in zip(axes, panels):
@@ -430,9 +394,7 @@ def curves_figure(runs, path):
             ax.set_title(title)
             ax.set_xlabel("step")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    bench.save_figure(fig, path)
 
 
 def export_check(out, record):
@@ -513,8 +475,7 @@ def report():
             lines += ["![curves](real.png)", ""]
         except ImportError:
             print("note: no matplotlib, so no real.png (pip install -r benchmarks/requirements.txt)", file=sys.stderr)
-    (RESULTS / "real.md").write_text("\n".join(lines))
-    print(f"wrote {RESULTS / 'real.md'}")
+    bench.write(RESULTS / "real.md", "\n".join(lines))
 
 
 def main(argv=None):

@@ -17,7 +17,6 @@
 """
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import shutil
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
 import grpo  # noqa: E402
+import bench  # noqa: E402
 from moe_model import MoETransformer  # noqa: E402
 
 SIZES = {"toy default": ["--task", "add"], "larger toy": ["--task", "add", "--d-model", "256", "--n-layers", "4"]}
@@ -54,7 +54,7 @@ def run_script(script, flags, out, threads=None):
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return bench.read_metrics(Path(out))
 
 
 def step_rows(rows):
@@ -108,22 +108,9 @@ def generation_table(device, repeats=2):
 
 def build_hf_moe(folder):
     """A 229k-parameter Qwen3-MoE with a character tokenizer, random weights, saved to `folder`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + list("0123456789+=,"))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    config = Qwen3MoeConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, num_experts=8,
-                            num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],
-                            pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    data = Path(folder) / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in common.add_problems()))
-    return folder, data
+    bench.tiny_qwen3_moe(folder, "data.jsonl", "0123456789+=,", num_hidden_layers=2, max_position_embeddings=128,
+                          num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, tie_word_embeddings=False)
+    return folder, folder / "data.jsonl"
 
 
 def ours_step_times(model, data, steps, device):
@@ -254,9 +241,7 @@ def main(argv=None):
         if "trl" in parts:
             lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
                                                                                    args.rounds, tmp), ""]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
-    print(f"wrote {args.out}")
+    bench.write(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

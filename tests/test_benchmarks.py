@@ -239,7 +239,7 @@ def test_defaults_runs_start_from_an_empty_cache_and_record_their_whole_wall_tim
         if env["RL_CACHE_DIR"].startswith(str(tmp_path)):                       # never touch the suite's own cache
             Path(env["RL_CACHE_DIR"]).mkdir(exist_ok=True)                    # where the run would cache its base
         return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     out = tmp_path / "defaults" / "grpo" / "seed0"
     assert compare.launch(("grpo.py", [], out, 2)) == 0
     assert seen["cache"] == str(out / "cache") and not (out / "cache").exists()  # its own, emptied after

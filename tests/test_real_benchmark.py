@@ -1,5 +1,6 @@
 """benchmarks/real.py: the task's problems and the arithmetic of its table and claims, on hand-made numbers."""
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,6 +79,28 @@ def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, mon
     (third / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (third / "wall_seconds").write_text("700.0\n")
     assert [seed for seed, _ in real.collect()["grpo"]] == [0, 2] and real.collect()["gspo"] == []
+
+
+def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_times_add_up(tmp_path, monkeypatch,
+                                                                                             capsys):
+    for name, value in (("RUNS", tmp_path / "runs"), ("RECORDS", tmp_path / "records"),
+                        ("ARITHMETIC", tmp_path / "arithmetic.jsonl"), ("gguf_file", lambda: "model.gguf")):
+        monkeypatch.setattr(real, name, value)
+    rows = metrics([0.1, 0.2, 0.3, 0.4], [0.2] * 4)
+
+    def fake_run(cmd, cwd, env, stdout, stderr):           # killed after step 10 the first time, then to the end
+        out, resumed = Path(cmd[-1]), cmd[-2] == "--resume"
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (rows if resumed else rows[:11])))
+        (out / "checkpoint.pt").write_text("the weights")
+        return subprocess.CompletedProcess(cmd, 0 if resumed else -9)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = real.run_dir("grpo", 0)
+    assert real.run_all(real.ARMS[:1], [0], threads=2) == 1 and (out / "checkpoint.pt").exists()
+    assert real.kept("grpo", 0) is None and "FAILED (exit -9" in capsys.readouterr().out
+    (out / "wall_seconds").write_text("600.0\n")                          # as if the first piece took 10 min
+    assert real.run_all(real.ARMS[:1], [0], threads=2) == 0 and not (out / "checkpoint.pt").exists()
+    assert "  done in 10.0 min: grpo.py --model model.gguf" in capsys.readouterr().out
+    assert 600 <= float((real.run_dir("grpo", 0, real.RECORDS) / "wall_seconds").read_text()) < 610
 
 
 def test_each_claim_gets_its_verdict_by_the_rule_from_two_seeds_on():
