@@ -1,9 +1,10 @@
-"""Everything that is not an algorithm; the algorithm scripts import it, it imports moe_model.py, nothing
-imports back. It reads in the order a training step calls it:
+"""The main path the four algorithm scripts share; they import it, it imports moe_model.py, and a module of extras/
+only when a flag asks for one (--model, --data, --reward, --print-verl...: extras/__init__.py lists them). It reads
+in the order a training step calls it:
 
     policy, world = make_policy(args, device)
-        the toy MoE after its supervised warm start (cached on disk), or --model with --data; in training
-        mode with every dropout off, the update's mode (sampling switches to eval mode on its own)
+        the toy MoE after its supervised warm start (cached on disk), or --model with --data (extras/hf_models);
+        in training mode with every dropout off, the update's mode (sampling switches to eval mode on its own)
     rollout = generate(policy, world, prompts, group_size, temperature)
         G completions per prompt in one batch, with a KV cache; PAD is never sampled; a completion ends at
         its first end-of-sequence token, which belongs to it (rollout.mask counts it)
@@ -20,11 +21,10 @@ imports back. It reads in the order a training step calls it:
             backward, clipping, step; a non-finite loss or gradient skips the update and is counted
     run = Run(...); for step in run.steps(): ...; run.log(record); run.finish()
         metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM; at the end (or
-        on a stop) the policy goes to DIR/model, for Hugging Face's from_pretrained or the toy's moe_model.load
-        (with --lora-r its adapters go to DIR/adapter, for peft's PeftModel.from_pretrained)
+        on a stop) the policy goes to DIR/model, for the toy's moe_model.load or Hugging Face's from_pretrained
 
-Then the routing of Hugging Face MoE models, the worlds (the toy tasks; real models and data), the
-metrics, and the command line.
+The sections, in order: sampling; log-probs and the update's plumbing; the toy world (tasks, reward, warm start)
+and make_policy; metrics (evaluation, rollout and ratio metrics, clipping by quarter); the command line; a run.
 """
 import argparse
 import contextlib
@@ -36,17 +36,13 @@ import json
 import math
 import numbers
 import os
-import re
 import resource
 import shutil
 import signal
 import sys
 import time
 import typing
-import warnings
 from dataclasses import dataclass, field
-from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -140,7 +136,9 @@ def sampling_mode(model):
     every weight again for every token."""
     was_training = model.training
     model.eval()
-    set_replay(model, None)                             # sampling routes freely (Hugging Face models)
+    if not isinstance(model, MoETransformer):
+        from extras import hf_routing
+        hf_routing.set_replay(model, None)                  # sampling routes freely (a Hugging Face MoE model)
     try:
         with autocast(next(model.parameters()).device):
             yield
@@ -268,11 +266,12 @@ def trunk(model, tokens, attention_mask, routing=None):
     if isinstance(model, MoETransformer):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
+    from extras import hf_routing                                       # --model: the routers of a Hugging Face MoE
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    set_replay(model, routing)
+    hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
     out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-    chosen, aux_loss = recorded_routing(model, tokens.shape)
+    chosen, aux_loss = hf_routing.recorded_routing(model, tokens.shape)
     return out.last_hidden_state, chosen, aux_loss
 
 
@@ -332,129 +331,25 @@ class AdaptersOff:
     policy: typing.Any
 
 
-def trainable(model):
-    """The parameters AdamW trains: all of them, or with LoRA only the adapters (and PPO's value head)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-# ----------------------------------------------------------------------------------------------
-# Routing on Hugging Face Mixture-of-Experts models: record the experts each router really chose,
-# and replay recorded ones (Routing Replay)
-
-
-# ----------------------------------------------------------------------------------------------
-# transformers has no shared router class, but every MoE family (Qwen2/3-MoE, Mixtral, OLMoE, GraniteMoE,
-# DeepSeek-V3, ...) has a router module, named in `_can_record_outputs["router_logits"]`, with `top_k` and
-# `num_experts` attributes and exactly one top-k over the experts with k = top_k in its forward. The gate
-# rules around that top-k differ (softmax then top-k, top-k then softmax, sigmoid + bias + group-limited
-# top-k), so instead of rewriting each router, that one call is intercepted while the router runs:
-# recording keeps its indices; replay returns the recorded indices with the current scores gathered at
-# them, and the family's own code turns those into gates, so the gates come from the current router and
-# the router keeps learning. Reading top-k of the router logits instead would be wrong for DeepSeek-V3.
-
-
-class RouterTopK(torch.overrides.TorchFunctionMode):
-    """Active while one router runs; catches its top-k over the experts."""
-
-    def __init__(self, router):
-        super().__init__()
-        self.router = router
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        k = args[1] if len(args) > 1 else kwargs.get("k")
-        if func not in (torch.topk, torch.Tensor.topk) or k != self.router.top_k \
-                or args[0].shape[-1] != self.router.num_experts or args[0].dim() != 2:   # [tokens, experts]
-            return result
-        self.router.chosen = result.indices                 # what the router chooses now [tokens, k]
-        if self.router.replay is None:
-            return result
-        experts = self.router.replay.to(result.indices.device)
-        return torch.return_types.topk((args[0].gather(-1, experts), experts))
-
-
-def enter_router(router, args):
-    router.topk_mode.__enter__()
-
-
-def leave_router(router, args, output):
-    router.topk_mode.__exit__(None, None, None)
-    if isinstance(output, tuple) and router.chosen is not None:  # (router logits, gates, experts): logged only
-        with torch.no_grad():
-            router.aux_loss = load_balancing_loss(output[0][None], router.chosen[None])
-
-
-def routers(model):
-    """The router modules of a Hugging Face MoE model, in layer order ([] for a dense one)."""
-    target = getattr(model, "_can_record_outputs", None) or {}
-    target = target.get("router_logits")
-    cls = getattr(target, "target_class", target)
-    return [m for m in model.modules() if isinstance(cls, type) and isinstance(m, cls)
-            and hasattr(m, "top_k") and hasattr(m, "num_experts")]
-
-
-def watch_routers(model):
-    """Install the interception on every router (hooks, so copies of the model keep working)."""
-    for router in routers(model):
-        router.topk_mode, router.replay, router.chosen, router.aux_loss = RouterTopK(router), None, None, None
-        router.register_forward_pre_hook(enter_router)
-        router.register_forward_hook(leave_router, always_call=True)
-    return model
-
-
-def set_replay(model, routing):
-    """Experts for the next forward passes to use, [n_layers, B, S, k], or None for free routing. They
-    stay set until the next call: activation checkpointing runs the forward again in the backward."""
-    for i, router in enumerate(routers(model)):
-        router.replay = None if routing is None else routing[i].reshape(-1, routing.shape[-1])
-        router.chosen = None
-
-
-def recorded_routing(model, shape):
-    """The experts the routers chose in the last forward pass [n_layers, B, S, k] and the mean
-    load-balancing loss, or (None, None) for a dense model or routers whose top-k was not seen."""
-    found = routers(model)
-    if not found or any(r.chosen is None for r in found):
-        return None, None
-    return (torch.stack([r.chosen.view(*shape, -1) for r in found]),
-            torch.stack([r.aux_loss for r in found]).mean())
-
-
-def load_balancing_loss(router_logits, chosen):
-    """Switch Transformer's auxiliary loss, averaged over layers: E * sum_e (share of the k slots sent to
-    expert e) * (mean router probability of e). router_logits [L, n, E], chosen [L, n, k]."""
-    E = router_logits.shape[-1]
-    share = F.one_hot(chosen, E).float().mean((1, 2))                   # [L, E]
-    return (E * share * router_logits.float().softmax(-1).mean(1)).sum(-1).mean()
-
-
-def is_toy_moe(model):
-    return isinstance(model, MoETransformer) and model.cfg.n_experts > 1
+def is_lora(model):
+    """A model with LoRA adapters (extras/hf_models.add_lora); peft is imported only when --lora-r asks for it."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def check_replay(model):
-    """--routing-replay stops before training unless the model's routing can really be replayed: the toy
-    MoE, or a Hugging Face MoE model whose every router's top-k was caught, whose output under the replay
-    of its own choices is exactly that of free routing, and changes under the replay of other experts (a
-    hub kernel that bypasses the router module, for one, fails this)."""
-    if isinstance(model, MoETransformer):
-        check(is_toy_moe(model), "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
-                                 "is dense)")
-        return
-    name = type(model).__name__
-    check(routers(model), f"--routing-replay: no router module found in {name} (a dense model, or an MoE family "
-                          f"this code cannot replay)")
-    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
-    with torch.no_grad():
-        free, routing, _ = trunk(model, tokens, torch.ones_like(tokens))
-        check(routing is not None, f"--routing-replay: the routers of {name} do not make the top-k choice this "
-                                   f"code intercepts (a kernel may bypass them); it cannot be replayed")
-        replayed = trunk(model, tokens, torch.ones_like(tokens), routing)[0]
-        other = trunk(model, tokens, torch.ones_like(tokens), (routing + 1) % routers(model)[0].num_experts)[0]
-    set_replay(model, None)
-    check(torch.equal(free, replayed) and not torch.equal(free, other),
-          f"--routing-replay: replaying routing on {name} does not act as it should; it cannot be replayed")
+    """--routing-replay stops before training unless the model's routing can really be replayed: the toy MoE, or a
+    Hugging Face MoE model that passes extras/hf_routing.check_replay."""
+    if not isinstance(model, MoETransformer):
+        from extras import hf_routing
+        return hf_routing.check_replay(model)
+    check(model.cfg.n_experts > 1, "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
+                                   "is dense)")
+
+
+def trainable(model):
+    """The parameters AdamW trains: all of them, or with LoRA only the adapters (and PPO's value head)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -639,18 +534,7 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
         model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(ema))
     next_check = 1
     for step in range(1, max_steps + 1):
-        idx = torch.randint(len(world.train), (batch_size,), generator=gen).tolist()
-        targets = [torch.tensor([TOY_ID[c] for c in world.train[i][1]] + [TOY_EOS]) for i in idx]
-        if task.ramble:  # these examples never stop: a truncation habit for RL to unlearn
-            for j in (torch.rand(batch_size, generator=ramble_gen) < task.ramble_share).nonzero().flatten().tolist():
-                prompt = world.decode(world.train[idx[j]][0].tolist())
-                targets[j] = torch.tensor([TOY_ID[c] for c in task.ramble(prompt, world.max_new_tokens)])
-        loss = answer_loss(model, torch.stack([world.train[i][0] for i in idx]), targets, aux_coef)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        average.update_parameters(model)
+        warm_start_step(model, opt, average, world, task, gen, ramble_gen, batch_size, aux_coef)
         if step == next_check:
             # Teacher forcing checks the whole answer in one pass: the greedy reward (chain, whose reward reads
             # only the final answer: every total right too, so the base's greedy reward is at least this).
@@ -671,35 +555,40 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
     return model, path
 
 
-# ----------------------------------------------------------------------------------------------
-# Real models and data: a Hugging Face causal LM, a JSONL file of {"prompt", "answer"}, the
-# answer reward, your own reward
-# ----------------------------------------------------------------------------------------------
+def warm_start_step(model, opt, average, world, task, gen, ramble_gen, batch_size=256, aux_coef=0.01):
+    """One supervised step of the warm start: batch_size training prompts drawn with `gen`, the answer loss on their
+    answers and EOS, AdamW with the gradient norm clipped at 1, then the moving average's update."""
+    idx = torch.randint(len(world.train), (batch_size,), generator=gen).tolist()
+    targets = [torch.tensor([TOY_ID[c] for c in world.train[i][1]] + [TOY_EOS]) for i in idx]
+    if task.ramble:  # these examples never stop: a truncation habit for RL to unlearn
+        for j in (torch.rand(batch_size, generator=ramble_gen) < task.ramble_share).nonzero().flatten().tolist():
+            prompt = world.decode(world.train[idx[j]][0].tolist())
+            targets[j] = torch.tensor([TOY_ID[c] for c in task.ramble(prompt, world.max_new_tokens)])
+    loss = answer_loss(model, torch.stack([world.train[i][0] for i in idx]), targets, aux_coef)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    average.update_parameters(model)
+
 
 def make_policy(args, device):
-    """The policy and its world: the warm-started toy MoE (default) or --model with --data."""
-    if args.model is None:
-        world = toy_world(args.task, args.eval_size, args.max_new_tokens, args.chain_length)
-        world.reward = load_reward(args.reward) if args.reward else world.reward
-        cfg = toy_model_config(args, world)
-        # The warm start stops on all 500 held-out prompts whatever --eval-size: one base fits all.
-        model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens, args.chain_length), cfg,
-                                 TASKS[args.task])
-        print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
-              f"warm-started base: {path}")
-        return training_mode(model.to(device), args.gradient_checkpointing), world
-    check(args.data is not None, "--model needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
-    rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
-    reward = load_reward(args.reward) if args.reward else None
-    lora = lora_config(args) if args.lora_r else None     # peft missing: say so before loading the model
-    # LoRA freezes the base: on CUDA it stays in the checkpoint's dtype (bf16: 2 bytes a parameter, not 16 with
-    # fp32 weights, gradients and AdamW's two moments); elsewhere fp32, as bf16 matmuls are slow on a CPU.
-    model, tokenizer = load_hf(args.model, device, "auto" if lora and device.type == "cuda" else torch.float32)
-    world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
-    world.reward = reward or world.reward
-    model = training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
-    check_scoring(model, args.model)
-    return model, world
+    """The policy, in training mode, and its world: the warm-started toy MoE (default), or a Hugging Face model with
+    --model and --data (extras/hf_models.make_policy)."""
+    if args.model is not None:
+        from extras import hf_models
+        return hf_models.make_policy(args, device)
+    world = toy_world(args.task, args.eval_size, args.max_new_tokens, args.chain_length)
+    if args.reward:                                                  # yours, instead of the task's
+        from extras import rewards
+        world.reward = rewards.load_reward(args.reward)
+    cfg = toy_model_config(args, world)
+    # The warm start stops on all 500 held-out prompts whatever --eval-size: one base fits all.
+    model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens, args.chain_length), cfg,
+                             TASKS[args.task])
+    print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
+          f"warm-started base: {path}")
+    return training_mode(model.to(device), args.gradient_checkpointing), world
 
 
 def training_mode(model, gradient_checkpointing):
@@ -717,429 +606,6 @@ def training_mode(model, gradient_checkpointing):
         model.activation_checkpointing_enable()  # transformers 5.24's name (gradient_checkpointing_enable: deprecated)
     return model.train()
 
-
-@torch.no_grad()
-def check_scoring(model, name):
-    """One short forward, two ways: the log-prob path (trunk and head apart, training mode) must give the
-    model's own logits in eval mode. It would not for a head transform this code does not know, or for
-    dropout or noise that training_mode could not turn off; better to stop than to train on wrong ratios."""
-    tokens = torch.arange(1, 9, device=next(model.parameters()).device)[None] % model.config.vocab_size
-    model.eval()
-    expected = model(input_ids=tokens).logits.float()
-    model.train()
-    got = head_logits(model, trunk(model, tokens, torch.ones_like(tokens))[0])
-    check(torch.allclose(got, expected, rtol=1e-4, atol=1e-4),
-          f"--model {name}: its logits cannot be reproduced from its hidden states and output embeddings "
-          f"(largest difference {(got - expected).abs().max().item():.2g}); this model is not supported")
-
-
-def load_hf(name, device, dtype=torch.float32):
-    """AutoModelForCausalLM + AutoTokenizer from a local folder or a Hub id; trust_remote_code stays off. The
-    weights in fp32 (the optimizer's master weights), or in the checkpoint's dtype with dtype="auto". Hub kernels
-    stay off too: with the `kernels` package (a dependency of transformers 5.25) model.train() on a GPU swaps in
-    layers downloaded from the Hub, which fails offline and is not the arithmetic this code checks."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    path = os.path.expanduser(name)
-    if path.endswith(".gguf"):
-        path = gguf_folder(name)
-    elif not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
-        check(not os.path.exists(path), f"--model {name}: not a folder")
-        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
-    else:
-        check(os.path.isfile(os.path.join(path, "config.json")),
-              f"--model {name}: no config.json in that folder, so not a Hugging Face model")
-    name = path
-    try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype, use_kernels=False)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    # The config as the checkpoint has it, for save_hf: loading in fp32 rewrote the model's dtype to float32,
-    # and training_mode will set its dropout to 0.
-    model.original_config = config
-    return watch_routers(model.to(device)), tokenizer
-
-
-def gguf_folder(name):
-    """--model FILE.gguf (llama.cpp's format: quantized weights and the tokenizer in one file) as a Hugging Face folder.
-    transformers reads it (with the `gguf` package) and dequantizes every weight to fp32, which takes tens of seconds
-    (23 s for SmolLM2-135M's Q4_1 file on 2 cores), so it is done once and the folder (fp32 safetensors, config,
-    tokenizer) cached like the toy's base, keyed by the file's contents: $RL_CACHE_DIR, default
-    ~/.cache/llm-rl-reference. The weights are the quantized values, not the original model's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(name).expanduser()
-    check(path.is_file(), f"--model {name}: no such file")
-    try:
-        import gguf  # noqa: F401  (transformers needs it to read the file)
-    except ImportError:
-        raise UsageError(f"--model {name}: reading a GGUF file needs the gguf package: pip install gguf") from None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    cache_dir = Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "llm-rl-reference"))
-    folder = cache_dir / f"gguf-{digest.hexdigest()[:16]}"
-    if (folder / "config.json").is_file():
-        return str(folder)
-    print(f"converting {name} to a Hugging Face folder, once: {folder}", file=sys.stderr)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                     use_kernels=False)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception as e:  # a broken or unsupported file raises many kinds; any of them means: cannot use it
-        raise UsageError(f"--model {name}: cannot load this GGUF file ({str(e).splitlines()[0]})") from None
-    # save_pretrained refuses a model that says it is quantized; its weights are plain fp32 tensors by now.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")  # two runs converting the same file never share one
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return str(folder)
-
-
-def lora_config(args):
-    """--lora-r: peft's LoRA on every linear layer but the vocabulary head ("all-linear"): attention and MLP, and
-    in a Mixture-of-Experts layer the router and the experts (peft 0.21 adapts Qwen3-MoE's fused expert weights).
-    No dropout, as everywhere in the update (training_mode)."""
-    try:
-        from peft import LoraConfig
-    except ImportError:
-        raise UsageError("--lora-r needs peft, which is not installed: pip install peft") from None
-    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
-
-
-def add_lora(model, config, seed):
-    """The model wrapped in a peft PeftModel: LoRA adapters W + (alpha / r) B A on the layers of `config`, with B = 0,
-    so it starts as the base. The base weights are frozen in the dtype they were loaded in; the adapters are fp32
-    (peft's autocast_adapter_dtype) and the only trainable parameters."""
-    from peft import get_peft_model
-    torch.manual_seed(seed)        # A is drawn at random: the same seed, the same adapters (and run)
-    with quiet_peft():
-        return get_peft_model(model, config)
-
-
-@contextlib.contextmanager
-def quiet_peft():
-    with warnings.catch_warnings():  # peft's presets name expert layers that some families (Qwen3-MoE) call otherwise,
-        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys did not match")
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")     # and it asks an old name
-        yield
-
-
-def is_lora(model):
-    """A model with LoRA adapters (add_lora); peft is imported only when --lora-r asks for it."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def merged_lora(name, adapter):
-    """--merge-lora: the base --model, loaded again on the CPU in its checkpoint's dtypes, with the adapters of the
-    folder `adapter` (the run's export) added into its weights. Not a copy of the policy: that would be a second
-    model on the GPU, where a large MoE model has no room for it. peft computes each B A in fp32 on the CPU and
-    adds it into W in W's dtype (a bf16 W is rounded once more, as the bf16 export would round it anyway)."""
-    from peft import PeftModel
-    base, _ = load_hf(name, torch.device("cpu"), "auto")
-    with quiet_peft():
-        return PeftModel.from_pretrained(base, adapter).merge_and_unload()
-
-
-def loaded_dtypes(config):
-    """name -> the dtype from_pretrained(dtype="auto") gives each tensor of the model of `config`: config.json's dtype
-    (fp32 when it names none), but fp32 for a tensor its model class makes in fp32 or keeps in fp32 whatever the
-    checkpoint's dtype (_keep_in_fp32_modules_strict): DeepSeek-V3's router weight and e_score_correction_bias, which
-    bf16 would round (4.3738 to 4.375: a bias of 0.0012 less can change which experts a token gets). The rule is
-    from_pretrained's, applied to the model built on the meta device: the dtypes without the weights."""
-    from transformers import AutoModelForCausalLM
-    dtype = config.dtype or torch.float32
-    with torch.device("meta"):
-        shell = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)  # it rewrites config.dtype
-    kept = "|".join(p.replace("*", ".*") for p in shell._get_dtype_plan(dtype))     # transformers' patterns, as it
-    return {name: torch.float32 if kept and re.search(kept, name) else t.dtype       # matches them (5.24)
-            for name, t in shell.state_dict().items()}
-
-
-def save_hf(model, tokenizer, folder):
-    """The policy as from_pretrained loads it: save_pretrained (safetensors, config.json, generation_config.json)
-    and the tokenizer, each tensor in the dtype the checkpoint the run started from loads it in (loaded_dtypes).
-    load_hf trains fp32 master weights; a bf16 checkpoint is exported in bf16 (half the size, what from_pretrained
-    gives back), rounded once, but for the tensors its model keeps in fp32; one in fp32 in fp32."""
-    dtypes = loaded_dtypes(model.original_config)
-    cast = {}  # tensor -> its copy; tied weights (embeddings and head) stay one tensor, which is written once
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() not in cast:
-            cast[tensor.data_ptr()] = tensor.to("cpu", dtypes[name])
-        state[name] = cast[tensor.data_ptr()]
-    model.save_pretrained(folder, state_dict=state)
-    model.original_config.save_pretrained(folder)  # over save_pretrained's, which has the fp32 weights' dtype
-    tokenizer.save_pretrained(folder)
-
-
-def read_jsonl(path):
-    check(os.path.isfile(path), f"--data {path}: no such file")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                # Exact numbers: 0.00001 stays 0.00001, not 1e-05, and an integer past int()'s digit limit
-                # meets the size check below instead of raising.
-                row = json.loads(line, parse_float=Decimal, parse_int=Decimal)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"--data {path}, line {n}: not valid JSON ({e.msg})") from None
-            check(isinstance(row, dict) and "prompt" in row and "answer" in row,
-                  f"--data {path}, line {n}: each line needs a \"prompt\" and an \"answer\" field")
-            check(isinstance(row["prompt"], str) and row["prompt"].strip(),
-                  f"--data {path}, line {n}: \"prompt\" must be a non-empty string")
-            answer = row["answer"]
-            if isinstance(answer, Decimal):  # written out in full, as to_number reads no exponents: 1e-5 -> 0.00001
-                check(abs(answer.adjusted()) < 1000, f"--data {path}, line {n}: the answer {answer} is too large "
-                                                     f"or too small to write out")
-                answer = format(answer, "f")
-            rows.append((row["prompt"], str(answer)))
-    check(rows, f"--data {path}: the file holds no rows")
-    return rows
-
-
-def hf_world(tokenizer, model, rows, data, eval_size, max_new_tokens):
-    def encode(prompt):
-        if tokenizer.chat_template:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                   add_generation_prompt=True)
-        return torch.tensor(tokenizer(prompt, add_special_tokens=not tokenizer.chat_template)["input_ids"])
-    rows = [(encode(p), a) for p, a in rows]
-    max_new_tokens = max_new_tokens or 256
-    max_context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    for n, (ids, _) in enumerate(rows, 1):
-        check(len(ids) + max_new_tokens <= max_context,
-              f"--data {data}, row {n}: prompt of {len(ids)} tokens + --max-new-tokens {max_new_tokens} "
-              f"is longer than the model's context of {max_context} tokens")
-    train, held_out = split_eval(rows, eval_size)
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-    # A chat model often ends its turn with another token than the tokenizer's EOS (Qwen: <|im_end|>); its
-    # generation config lists every end id. Stopping on one id only would run every completion to the limit.
-    ends = getattr(model.generation_config, "eos_token_id", None)
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-    eos_ids = tuple(dict.fromkeys([tokenizer.eos_token_id, *ends]))
-    return World(train, held_out, decode, answer_reward, eos_ids, tokenizer.pad_token_id, max_new_tokens, tokenizer)
-
-
-def load_reward(spec):
-    """--reward FILE.py:NAME: the function NAME(completion, answer, finished) -> float in FILE.py. FILE.py is
-    imported as a module of its own, under a name made from its path (so that its functions pickle and its
-    dataclasses work), with its folder searched for its helpers while it is imported."""
-    import importlib.util
-
-    path, _, name = spec.rpartition(":")
-    check(path and name, f"--reward {spec}: give FILE.py:NAME, a file and the name of the function in it")
-    check(os.path.isfile(path), f"--reward {spec}: no such file {path}")
-    file = Path(path).resolve()
-    # Its folder is searched, but a module already imported is never looked for again: a helper there named
-    # like one (common.py, json.py) would silently be that module.
-    for helper in [*file.parent.glob("*.py"), *file.parent.glob("*/__init__.py")]:
-        helper_name = helper.parent.name if helper.name == "__init__.py" else helper.stem
-        loaded = getattr(sys.modules.get(helper_name), "__file__", None)
-        itself = loaded is not None and Path(loaded).resolve() == helper.resolve()  # e.g. the project's common.py
-        check(helper_name not in sys.modules or itself or helper == file,
-              f"--reward {spec}: rename {helper}: an import of {helper_name} would get the already loaded "
-              f"{loaded or 'built-in module'}, not that file")
-    module_name = "reward_" + hashlib.sha256(str(file).encode()).hexdigest()[:16]
-    saved_path = sys.path[:]
-    sys.path.insert(0, str(file.parent))
-    try:
-        module_spec = importlib.util.spec_from_file_location(module_name, file)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module  # where dataclasses and pickle look a function's module up
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(module_name, None)
-        raise UsageError(f"--reward {spec}: importing {path} raised {type(e).__name__}: {e}") from None
-    finally:
-        sys.path[:] = saved_path
-    reward = getattr(module, name, None)
-    check(callable(reward), f"--reward {spec}: {path} has no function {name}")
-    try:
-        inspect.signature(reward).bind("completion", "answer", True)
-    except (TypeError, ValueError):
-        raise UsageError(f"--reward {spec}: {name} must take three arguments (completion, answer, finished)") from None
-    return reward
-
-
-# The default reward with --data: read a completion's final answer the way math RL data sets write it,
-# compare it with the reference exactly, as numbers where either reads as a number (fractions.Fraction:
-# 0.5 == 1/2 == \frac{1}{2}, but 0.333 != 1/3; the references are exact, a tolerance would reward
-# rounding), else as normalised LaTeX strings.
-
-# A plain number: thousands commas only in groups of exactly three (1,000 but not 1,2,3), an optional decimal
-# part, or a bare decimal part (.5). No exponents: 1e3 is not read as 1000 (math data sets never write one,
-# and 1e999999999 would be a billion-digit integer to build).
-NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"
-SIGNED = rf"[-+]?(?:{NUMBER})"
-# In running text a minus is a sign only where it cannot be a subtraction (10-3 ends with 3, x = -3 with -3),
-# and a number never starts inside another one (1.2.5 does not end with .5). A fraction is one number: 3/4,
-# and a \frac of two numbers (\frac{3}{4}, \frac{-2}{3}, \dfrac12).
-FRACTION = rf"\\[dt]?frac(?:\{{{SIGNED}\}}|\d){{2}}"
-NUMBER_IN_TEXT = rf"(?:(?<![\w)}}\]])-)?(?:{FRACTION}|(?<![\d.])(?:{NUMBER})(?:/(?:{NUMBER}))?)"
-# LaTeX's thousands separators, read as commas: 10{,}000, 10,\!000 and 10\,000 (a thin space between digits).
-COMMAS = r"\{,\}|,\\!|(?<=\d)\\,(?=\d)"
-# LaTeX's text and font commands: their content is read as it stands (\text{(A)} is (A)).
-TEXT = r"\\(?:text|textbf|textit|emph|underline|mathrm|mathbf|mbox)\{([^{}]*)\}"
-# The units dropped after a number, in any case, squared or cubed (5 cm^2, 36 square feet), and degrees
-# (90^\circ). A word may be glued to the number (5cm); a single letter only stands apart, after a space or in
-# \text{} (7 m^3, 5\mathrm{m}), as 2m is 2 times m. Only these: 5\text{ or more} is not 5. normalise drops $, \%.
-UNITS = (r"(?:(?:square|sq\.?|cubic)\s*)?(?:dollars?|cents?|percent|degrees?|seconds?|minutes?|mins?|hours?|hrs?|"
-         r"days?|weeks?|months?|years?|units?|miles?|mph|km/h|feet|foot|ft|inch(?:es)?|yards?|"
-         r"(?:centi|milli|kilo)?(?:meters?|metres?)|mm|cm|km|ounces?|oz|pounds?|lbs?|(?:kilo)?grams?|kg|"
-         r"liters?|litres?|ml|gallons?|cups?)")
-LETTER_UNITS = r"[mg]"
-APART = r"(?:(?<=\s)|(?<=\\[,;: ]))"  # after a space, LaTeX's too (\, \; \: \ )
-UNIT = (rf"(?:(?<![a-zA-Z]){UNITS}|{APART}{LETTER_UNITS})(?:\^\{{?[23]\}}?)?\s*$"
-        rf"|\^\{{?\\circ\}}?$|\u00b0$|\\degree$")
-# A `####` line may start with an answer phrase (#### The answer is 72); no other words are dropped.
-ANSWER_PHRASE = r"^\s*(?:the\s+)?(?:final\s+)?answer\b\s*(?:is\b)?\s*:?"
-# A brace that holds part of an expression: a power's, an index's, a root's, a repeating decimal's, and each
-# argument of a \frac or \binom. Others (\emph{42}, {"answer": 42}) only format or wrap a number.
-EXPRESSION_BRACE = r"(?<!\\)(?:(\^|_|\\sqrt(?:\[[^\]]*\])?|\\overline|\\[dt]?frac|\\binom)\s*)?\{|(?<!\\)\}"
-
-
-def marked_answer(text):
-    """The content of the last \\boxed{...} or \\fbox{...} (braces matched), else the line after the last `####`
-    (GSM8K), less an answer phrase before it (#### The answer is 72); None if the text has neither."""
-    boxes = list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
-    if boxes:
-        start, depth = boxes[-1].end(), 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
-        return ""  # an unclosed last box is a malformed answer, not a reason to go back to an abandoned one
-    lines = re.findall(r"####(.*)", text)  # `.` stops at the end of the line
-    return re.sub(ANSWER_PHRASE, "", lines[-1], flags=re.I).strip() if lines else None
-
-
-def inside_expression(text):
-    """Whether the end of text lies inside an expression's braces (\\sqrt{2, 10^{-3, \\frac{x}{2), not only
-    inside braces that format or wrap it (\\emph{42, {"answer": 42)."""
-    opened, closed = [], False  # for each brace still open: whether it holds part of an expression
-    for m in re.finditer(EXPRESSION_BRACE, text):
-        if m[0] == "}":
-            closed = opened.pop() if opened else False
-        else:  # a brace right after a closing one opens the same command's next argument: \frac{x}{2
-            opened.append(bool(m[1]) or (closed and text[m.start() - 1:m.start()] == "}"))
-    return any(opened)
-
-
-def last_number(text):
-    """The last number of running text, read whole (3/4, \\frac{3}{4}, -\\frac12), or None: also when it is only
-    a piece of a larger expression, as no answer scores 0 where a piece of one could score 1. A piece is inside an
-    expression's braces (\\sqrt{2}, 10^{-3}), next to an operator (x^2, 3 \\times 10^5, 2\\sqrt{3}, 2\\pi,
-    \\sqrt{3}/2), or glued, with no space, to a letter, digit or } before it (1e3, \\frac{1}{2}3) or to a letter,
-    digit or ! after it (2x, \\frac123, 5!), unless that is a listed unit (5cm)."""
-    text = re.sub(TEXT, r" \1", text.replace("\u2212", "-"))  # \text{is 5} -> is 5, apart; U+2212 is a minus
-    text = re.sub(r"\\(?:text)?color\{[^{}]*\}", "", text)  # {\color{red}42} and \textcolor{red}{42} are 42
-    text = re.sub(COMMAS, ",", text)
-    text = re.sub(rf"(?<![a-zA-Z\\])({UNITS}|{LETTER_UNITS})\^\{{?[23]\}}?", r"\1", text, flags=re.I)  # 5 cm^2: 5
-    numbers = list(re.finditer(NUMBER_IN_TEXT, text))
-    if not numbers:
-        return None
-    before, after = text[:numbers[-1].start()], text[numbers[-1].end():]
-    operator = (re.search(r"(?:[\^_/]|\\sqrt|\\[dt]?frac)\s*$", before)
-                or re.match(r"\s*(?:[\^_/](?!\{?\\circ)|\\sqrt|\\[dt]?frac|\\pi\b)", after))  # 90^\circ is 90
-    glued = (re.search(r"[a-zA-Z}]$|\d *$", before)  # 1 2 is not 2 either
-             or re.match(rf"(?!{UNITS}\b)[a-zA-Z\d!]", after, flags=re.I))
-    return None if inside_expression(before) or operator or glued else numbers[-1][0]
-
-
-def final_answer(text):
-    """The final answer: the last box, else the `####` line, else the last number; None if none. An empty box
-    gives "", which never scores."""
-    marked = marked_answer(text)
-    return last_number(text) if marked is None else marked
-
-
-def normalise(s):
-    """An answer as a string with its LaTeX dressing removed, so that equal answers compare equal."""
-    s = re.sub(r"\s+|\\[,;:! ]", "", s.replace("\u2212", "-"))  # spaces, LaTeX's too (\, \; \: \! \ ); U+2212
-    s = re.sub(TEXT, r"\1", s)  # \text{(A)} -> (A)
-    s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)  # \left( -> (, but \rightarrow stays
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = re.sub(r"\\?[$%]", "", s)  # $5, \$5, 50\% -> 5, 5, 50: a percentage is its number (GSM8K's convention)
-    s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)  # x^{2} -> x^2 (the same in LaTeX; x^{10} is not x^10)
-    s = s.replace("{,}", ",")  # 1{,}000, LaTeX's thousands comma
-    return s[:-1] if s.endswith(".") else s  # a sentence's full stop: 42. -> 42
-
-
-def to_number(s):
-    """The answer's value as a Fraction when it is a number (1,000  .5  -3  \\$5  50\\%  1/2  \\frac{1}{2}
-    \\dfrac12  x = 5  5\\text{ cm}^2  18 dollars), else None."""
-    s = re.sub(r"^\s*\\?[a-zA-Z]\w*\s*=", "", s)  # x = 5 -> 5
-    s = re.sub(COMMAS, ",", re.sub(TEXT, r" \1", s))  # a word in \text{} stands apart: 5\text{m} is 5 m
-    s = re.sub(UNIT, "", s, flags=re.I)  # 18\ \text{dollars}, 5\,\text{ cm}^2 -> 18, 5
-    if re.search(r"[\d.,]\s+[\d.]", s):  # a space ends a number: 1 2 is not 12, nor is 100, 200 one number
-        return None
-    s = normalise(s)
-    # \frac{a}{b}, and its single-digit shorthand \frac12, as a/b; only when it is the whole answer
-    s = re.sub(r"^([-+]?)\\frac(\{[^{}]*\}|\d)(\{[^{}]*\}|\d)$",
-               lambda m: f"{m[1]}{m[2].strip('{}')}/{m[3].strip('{}')}", s)
-    m = re.fullmatch(rf"({SIGNED})(?:/({SIGNED}))?", s)
-    if not m:
-        return None
-    try:
-        return Fraction(m[1].replace(",", "")) / Fraction((m[2] or "1").replace(",", ""))
-    except (ValueError, ZeroDivisionError):  # x/0, and integers past Python's 4300-digit limit
-        return None
-
-
-def answer_reward(completion, answer, finished):
-    """The default reward, 1 or 0 by the rules below; `--reward FILE.py:NAME` replaces it (docs/models.md).
-
-    1 when the completion ended and its final answer equals `answer`, else 0; a truncated completion scores 0, as on the
-    toy. The final answer is the last `\\boxed{...}` or `\\fbox{...}` (nested braces matched), else the line after the
-    last `####` (GSM8K's format) less an answer phrase before it (`#### The answer is 72`, `#### Final answer: 72`, in
-    any case; no other words go: `#### less than 5` is not 5), else the last number.
-
-    That number is read whole or not at all: `3/4`, `\\frac{3}{4}`, `\\frac{-2}{3}` and `-\\frac12` are one number, and
-    when it is only a piece of an expression there is no answer, which scores 0. A piece is inside the braces of
-    `\\sqrt`, `^`, `_`, `\\overline` or an argument of `\\frac` or `\\binom` (`\\sqrt{2}`, `10^{-3}`; other braces, as
-    in `\\emph{42}` or `{"answer": 42}`, do not count); next to `^`, `_`, `/`, `\\sqrt`, `\\frac` or a `\\pi` after it
-    (`x^2`, `3 \\times 10^5`, `2\\sqrt{3}`, `\\sqrt{3}/2`, `2\\frac12`, `2\\pi`); right after another number and a space
-    (`3 4`); or glued, with no space, to a letter, digit or `}` before it (`1e3`, `\\frac{1}{2}3`) or to a letter, digit
-    or `!` after it (`2x`, `\\frac123`, `5!`) unless that is a listed unit (`5cm`). `5 apples`, `5%`, `42.` and `42,`
-    stay numbers.
-
-    `answer` may be written the same ways (a whole GSM8K solution ending in `#### 72` works); a JSON number in the file
-    is read exactly (`0.00001` and `1e-05` as 0.00001, not as the string `1e-05`). Numbers compare exactly, as numbers,
-    and a number equals only a number: `1,000` = `1{,}000` = `1\\,000` = `1000`, `.5` = `0.5` = `1/2` = `\\frac{1}{2}` =
-    `\\dfrac12`, `\u22125` (U+2212) = `-5`, `$5` = `5`, `50\\%` = `50`, `42.` = `42`, `x = 5` = `5`, `90^\\circ` =
-    `90\u00b0` = `90\\degree` = `90`; not numbers: `1,2,3`, `1 2`, `100, 200`, `1e3`, `2m`.
-
-    A unit after a number, in any case, in words or in `\\text{}` or `\\mathrm{}`, squared or cubed or after square, sq,
-    sq. or cubic (`18 Dollars`, `5\\text{ cm}^2`, `36 square feet`), is dropped if it is one of: dollar(s), cent(s),
-    percent, degree(s); second(s), minute(s), min(s), hour(s), hr(s), day(s), week(s), month(s), year(s); unit(s),
-    mile(s), foot, feet, ft, inch(es), yard(s), meter(s) and metre(s) with or without centi, milli or kilo, mm, cm, km,
-    m; mph, km/h; ounce(s), oz, pound(s), lb(s), gram(s), kilogram(s), kg, g; liter(s), litre(s), ml, gallon(s), cup(s).
-    A word may be glued to the number (`5cm`); the letters m and g count only apart from it, after a space or in
-    `\\text{}` (`7 m^3`, `5\\mathrm{m}`), as `2m` is 2 times m. Any other unit makes a string (`5\\text{ or more}`).
-
-    Other answers compare as strings without whitespace, `$`, `\\text{}` and the like, `\\left` and `\\right`
-    (`\\text{(A)}` = `(A)`, `x^{2}` = `x^2`). An empty box never scores. The cases: `tests/test_rewards.py`."""
-    if not finished:
-        return 0.0
-    got, want = final_answer(completion), marked_answer(str(answer))
-    want = str(answer).strip() if want is None else want
-    if got is None or not normalise(got) or not normalise(want):  # an empty answer matches nothing
-        return 0.0
-    x, y = to_number(got), to_number(want)
-    if x is not None or y is not None:  # a number equals only a number: \boxed{1 2} is not 12
-        return float(x == y)
-    return float(normalise(got) == normalise(want))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1365,7 +831,8 @@ def run_main(train, args):
     stop with exit code 1, Ctrl-C or SIGTERM after its checkpoint with 130 or 143. No tracebacks."""
     try:
         if args.print_verl or args.print_trl or args.export_verl_data:
-            graduate(Path(inspect.getfile(train)).stem, args)
+            from extras import graduate
+            graduate.graduate(Path(inspect.getfile(train)).stem, args)
         else:
             train(args)
     except UsageError as e:
@@ -1492,29 +959,16 @@ class Run:
         return self.export() if final else []
 
     def export(self):
-        """DIR/model: the policy (never PPO's critic) as others load it: a Hugging Face model with its tokenizer
-        (save_hf), or the toy as moe_model.save writes it, with its vocabulary (a token's id is its index). With LoRA,
-        DIR/adapter instead: the adapters and the tokenizer, for PeftModel.from_pretrained(base, "DIR/adapter"); and
-        with --merge-lora also DIR/model, the base with the adapters merged in (merged_lora, on the CPU). Returns the
-        folders written."""
-        if isinstance(self.policy, MoETransformer):
-            with self.new_folder("model") as tmp:
-                moe_model.save(self.policy, tmp)
-                (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
-            return [self.out / "model"]
-        if not is_lora(self.policy):
-            with self.new_folder("model") as tmp:
-                save_hf(self.policy, self.world.tokenizer, tmp)
-            return [self.out / "model"]
-        with self.new_folder("adapter") as tmp:
-            self.policy.save_pretrained(tmp)
-            self.world.tokenizer.save_pretrained(tmp)
-        if not self.args.merge_lora:  # a model/ left by an earlier --merge-lora export of this run is stale: it goes
-            shutil.rmtree(self.out / "model", ignore_errors=True)
-            return [self.out / "adapter"]
+        """DIR/model: the policy (never PPO's critic) as others load it: the toy as moe_model.save writes it, with its
+        vocabulary (a token's id is its index), or a Hugging Face model (extras/hf_models.export: with LoRA, its
+        adapters). Returns the folders written."""
+        if not isinstance(self.policy, MoETransformer):
+            from extras import hf_models
+            return hf_models.export(self)
         with self.new_folder("model") as tmp:
-            save_hf(merged_lora(self.args.model, self.out / "adapter"), self.world.tokenizer, tmp)
-        return [self.out / "adapter", self.out / "model"]
+            moe_model.save(self.policy, tmp)
+            (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
+        return [self.out / "model"]
 
     @contextlib.contextmanager
     def new_folder(self, name):
@@ -1587,250 +1041,3 @@ class Run:
         print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "
               f"total {sum(h['step_time_s'] for h in steps):.0f} s; "
               f"{listed(['checkpoint', 'metrics', *(f'{folder.name}/' for folder in exported)])} in {self.out}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Graduating: the same run in verl or TRL (--print-verl, --print-trl, --export-verl-data)
-# ----------------------------------------------------------------------------------------------
-
-def graduate(algorithm, args):
-    """Print this run's settings as a verl command or TRL code, or write --data as verl's parquet files; no training."""
-    check_common_args(args, min_group_size=1 if algorithm == "ppo" else 2)
-    if args.export_verl_data:
-        export_verl_data(args)
-    if args.print_verl:
-        print(verl_command(algorithm, args))
-    if args.print_trl:
-        print(trl_code(algorithm, args))
-
-
-def verl_data_paths(args):
-    folder = args.export_verl_data or "verl_data"
-    return f"{folder}/train.parquet", f"{folder}/test.parquet"
-
-
-def verl_overrides(algorithm, args):
-    """verl 0.9.1's Hydra overrides for this run, one a line; a line starting with # says what verl has no key for, or
-    what to do first. tests/test_graduating.py composes them in the installed verl's own config."""
-    actor, rollout, model = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
-    P, G, k = args.prompts_per_step, args.group_size, args.minibatches
-    lines = [f"algorithm.adv_estimator={'gae' if algorithm == 'ppo' else 'grpo'}",
-             f"data.train_batch_size={P}", f"{rollout}n={G}"]
-    if P % k == 0:  # verl counts a minibatch in prompts, each with its G completions
-        lines.append(f"{actor}ppo_mini_batch_size={P // k}")
-    else:
-        lines.append(f"# --minibatches {k}: verl splits a batch by prompts, and {P} prompts do not split into {k}")
-    if args.model:
-        lines.append(f"{model}path={args.model}")
-    else:
-        lines.append("# the toy MoE is not a Hugging Face model: give --model and --data")
-    if args.data:
-        train, test = verl_data_paths(args)
-        lines += [f"data.train_files={train}", f"data.val_files={test}"]
-    max_new_tokens = args.max_new_tokens or (256 if args.data else None)
-    if max_new_tokens:
-        lines.append(f"data.max_response_length={max_new_tokens}")
-    # One GPU, and verl's micro-batches (memory only: gradients accumulate to the same minibatch) of 4 rows or fewer.
-    rows = P // k * G if P % k == 0 else G
-    micro = next(m for m in (4, 2, 1) if rows % m == 0)
-    lines += ["trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.total_training_steps={args.steps}",
-              "trainer.total_epochs=100000",  # epochs over the data would otherwise end the run first
-              f"{rollout}name=vllm", f"{actor}ppo_micro_batch_size_per_gpu={micro}",
-              f"{rollout}log_prob_micro_batch_size_per_gpu={micro}",
-              f"{actor}optim.lr={args.lr}", f"{actor}optim.weight_decay=0.0",
-              f"{actor}optim.clip_grad={args.max_grad_norm}",
-              f"{rollout}temperature={args.temperature}", f"data.seed={args.seed}",
-              f"{model}enable_gradient_checkpointing={args.gradient_checkpointing}",
-              f"{actor}clip_ratio_c=10000.0"]  # verl's dual clip (3.0) caps the loss of A < 0 tokens; none here
-    if algorithm in ("grpo", "ppo"):  # verl reads clip_ratio only where these two are null, and they are 0.2
-        lines += [f"{actor}clip_ratio_low={args.clip_eps}", f"{actor}clip_ratio_high={args.clip_eps}"]
-    elif algorithm == "gspo":
-        lines += [f"{actor}policy_loss.loss_mode=gspo", f"{actor}clip_ratio_low={args.clip_eps_low}",
-                  f"{actor}clip_ratio_high={args.clip_eps_high}"]
-        if args.token_level:
-            lines.append("# --token-level: verl has GSPO's sequence level only; with one advantage per sequence, as "
-                         "here, GSPO-token is the same loss")
-    else:
-        lines += [f"{actor}clip_ratio_low={args.clip_eps_low}",
-                  f"{actor}clip_ratio_high={args.clip_eps_high if args.clip_higher else args.clip_eps_low}"]
-    token_level = algorithm == "ppo" or algorithm == "dapo" and args.token_level_loss
-    lines.append(f"{actor}loss_agg_mode={'token-mean' if token_level else 'seq-mean-token-mean'}")
-    if algorithm == "grpo":
-        lines.append(f"{actor}use_kl_loss={args.beta > 0}")
-        if args.beta > 0:
-            lines += [f"{actor}kl_loss_coef={args.beta}", f"{actor}kl_loss_type=low_var_kl",  # low_var_kl: k3
-                      f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
-    else:
-        lines.append(f"{actor}use_kl_loss=False")
-    if algorithm == "dapo":
-        if args.dynamic_sampling:
-            lines += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=reward",  # the shaped one
-                      f"# --max-generation-rounds {args.max_generation_rounds}: verl's trainer refills the batch "
-                      f"without a cap (it ignores filter_groups.max_num_gen_batches)"]
-        if args.overlong_shaping:
-            buffer = args.overlong_buffer or max(1, (max_new_tokens or 8) // 4)
-            cfg = "+reward.reward_kwargs.overlong_buffer_cfg."
-            lines += ["reward.reward_manager.name=dapo", f"+reward.reward_kwargs.max_resp_len={max_new_tokens or 8}",
-                      f"{cfg}enable=True", f"{cfg}len={buffer}", f"{cfg}penalty_factor=1.0", f"{cfg}log=False"]
-        if args.overlong_filtering:
-            lines.append("# --overlong-filtering: verl has no switch that masks truncated answers out of the loss")
-    if algorithm == "ppo":
-        lines += ["algorithm.use_kl_in_reward=True", f"algorithm.kl_ctrl.kl_coef={args.beta_kl}",
-                  f"algorithm.gamma={args.gamma}", f"algorithm.lam={args.lam}", f"{actor}ppo_epochs={args.epochs}",
-                  f"critic.ppo_epochs={args.epochs}", f"critic.optim.lr={args.critic_lr}",
-                  "critic.optim.weight_decay=0.0",
-                  f"critic.optim.clip_grad={args.max_grad_norm}", f"critic.cliprange_value={args.value_clip}",
-                  f"critic.ppo_micro_batch_size_per_gpu={micro}",
-                  f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
-        if P % k == 0:
-            lines.append(f"critic.ppo_mini_batch_size={P // k}")
-        if args.model:
-            lines.append(f"critic.model.path={args.model}")
-    if args.lora_r:
-        lines += [f"{model}lora_rank={args.lora_r}", f"{model}lora_alpha={args.lora_alpha}",
-                  f"{model}target_modules=all-linear"]
-        if algorithm == "ppo":
-            lines += [f"critic.model.lora_rank={args.lora_r}", f"critic.model.lora_alpha={args.lora_alpha}"]
-    if getattr(args, "routing_replay", False):
-        lines += ["# --routing-replay: verl replays experts only in its Megatron and VeOmni engines:",
-                  f"#   {actor}megatron.router_replay.mode=R2 or {actor}veomni.router_replay.mode=R2"]
-    if args.data or args.reward:
-        lines.append("# verl does not tell the reward whether an answer was cut off at the limit: it is scored as "
-                     "finished (here a cut answer scores 0)")
-        lines.append(f"reward.custom_reward_function.path={Path(__file__).resolve()}")
-        lines.append("reward.custom_reward_function.name=verl_reward")
-        if args.reward:
-            lines.append(f"+reward.custom_reward_function.reward_kwargs.reward={args.reward}")
-    return lines
-
-
-def verl_command(algorithm, args):
-    """--print-verl: the command, one override a line, with what to do first and what verl lacks as # lines."""
-    head = []
-    if args.data:
-        train, test = verl_data_paths(args)
-        head.append(f"# first, --data as verl's parquet: python {algorithm}.py --model {args.model} --data {args.data} "
-                    f"--eval-size {args.eval_size} --export-verl-data {Path(train).parent}")
-    if args.data or args.reward:
-        head.append(f"# run from {Path(__file__).resolve().parent}: the reward (common.verl_reward) imports "
-                    f"moe_model.py beside it")
-    overrides = verl_overrides(algorithm, args)
-    notes = [line for line in overrides if line.startswith("#")]
-    keys = [line for line in overrides if not line.startswith("#")]
-    return "\n".join(head + notes + ["python3 -m verl.trainer.main_ppo \\"] +
-                     [f"    {key} \\" for key in keys[:-1]] + [f"    {keys[-1]}"])
-
-
-def verl_reward(data_source, solution_str, ground_truth, extra_info=None, reward=None):
-    """verl's reward function signature, scoring as this project does: the answer reward, or with `reward` (verl's
-    +reward.custom_reward_function.reward_kwargs.reward=FILE.py:NAME) your --reward function. verl does not say
-    whether the answer was cut off at the length limit, so it counts as finished."""
-    return float((load_reward(reward) if reward else answer_reward)(solution_str, str(ground_truth), True))
-
-
-def trl_reward(max_new_tokens, reward=None):
-    """A reward function with TRL's signature (reward_funcs=[trl_reward(L)]) that scores as this project does: the
-    answer reward, or your --reward FILE.py:NAME, against the dataset's "answer" column, an answer cut off at the
-    limit L scoring 0. TRL gives the completion's token ids up to its end token: fewer than L means it ended (one
-    whose end token is exactly the L-th counts as cut off)."""
-    score = load_reward(reward) if reward else answer_reward
-
-    def reward_function(completions, answer, completion_ids, **kwargs):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]   # chat: the reply's text
-        return [float(score(text, str(a), len(ids) < max_new_tokens))
-                for text, a, ids in zip(texts, answer, completion_ids)]
-    reward_function.__name__ = score.__name__              # TRL logs each reward under its function's name
-    return reward_function
-
-
-def trl_config_kwargs(algorithm, args):
-    """GRPOConfig's keyword arguments for this run (TRL 1.16): P x G completions a generation, split into
-    --minibatches optimizer steps (steps_per_generation) of P x G / k completions each."""
-    P, G, k = args.prompts_per_step, args.group_size, args.minibatches
-    kwargs = {"num_generations": G, "per_device_train_batch_size": P * G // k, "steps_per_generation": k,
-              "gradient_accumulation_steps": 1, "num_iterations": 1, "learning_rate": args.lr,
-              "max_grad_norm": args.max_grad_norm, "temperature": args.temperature, "max_steps": args.steps * k,
-              "max_completion_length": args.max_new_tokens or 256, "seed": args.seed,
-              "gradient_checkpointing": args.gradient_checkpointing, "top_p": 1.0, "top_k": 0,
-              "lr_scheduler_type": "constant", "weight_decay": 0.0}
-    if algorithm == "grpo":
-        kwargs |= {"loss_type": "grpo", "epsilon": args.clip_eps, "epsilon_high": args.clip_eps, "beta": args.beta}
-    elif algorithm == "gspo":
-        kwargs |= {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": args.clip_eps_low,
-                   "epsilon_high": args.clip_eps_high, "beta": 0.0}
-    else:
-        # Token-level: "bnpo" divides by this minibatch's tokens, as dapo.py does (TRL's "dapo" by the average
-        # minibatch's: the same only with one minibatch).
-        kwargs |= {"loss_type": "bnpo" if args.token_level_loss else "grpo", "epsilon": args.clip_eps_low,
-                   "epsilon_high": args.clip_eps_high if args.clip_higher else args.clip_eps_low, "beta": 0.0,
-                   "mask_truncated_completions": args.overlong_filtering}
-    return kwargs
-
-
-def trl_code(algorithm, args):
-    """--print-trl: Python that builds GRPOConfig and GRPOTrainer with this run's settings."""
-    if algorithm == "ppo":
-        return "# TRL 1.16 has no PPO trainer (removed in 1.0); verl has one: python ppo.py ... --print-verl"
-    kwargs = trl_config_kwargs(algorithm, args)
-    notes = []
-    if algorithm == "dapo" and args.dynamic_sampling:
-        notes.append("# Dynamic Sampling: TRL has none (it trains on groups whose rewards are all equal: advantage 0)")
-    if getattr(args, "routing_replay", False):
-        notes.append("# --routing-replay: TRL has no Routing Replay")
-    if algorithm == "gspo" and args.token_level:
-        notes.append("# --token-level: TRL has GSPO's sequence level only; with one advantage per sequence, as here, "
-                     "GSPO-token is the same loss")
-    rewards = [f"common.trl_reward({kwargs['max_completion_length']}{f', {args.reward!r}' if args.reward else ''})"]
-    if algorithm == "dapo" and args.overlong_shaping:
-        buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
-        rewards.append(f"get_soft_overlong_punishment({kwargs['max_completion_length']}, {buffer})")
-    lines = notes + [
-        f"# run from {Path(__file__).resolve().parent}, where common.py is",
-        "from datasets import Dataset",
-        "from trl import GRPOConfig, GRPOTrainer",
-        *(["from trl.rewards import get_soft_overlong_punishment"] if len(rewards) > 1 else []),
-        *(["from peft import LoraConfig"] if args.lora_r else []),
-        "import common",
-        "",
-        "config = GRPOConfig(",
-        '    output_dir="runs/trl",',
-        *[f"    {key}={value!r}," for key, value in kwargs.items()],
-        ")",
-    ]
-    if args.data:
-        lines += [f"train, held_out = common.split_eval(common.read_jsonl({args.data!r}), {args.eval_size})",
-                  "to_rows = lambda rows: Dataset.from_list([{\"prompt\": [{\"role\": \"user\", \"content\": p}], "
-                  "\"answer\": a} for p, a in rows])"]
-    else:
-        lines.append("# the toy task is not a Hugging Face data set: give --model and --data")
-    lines += ["trainer = GRPOTrainer(",
-              f"    model={args.model or 'MODEL'!r},",
-              f"    reward_funcs=[{', '.join(rewards)}],",
-              "    args=config,",
-              "    train_dataset=to_rows(train)," if args.data else "    train_dataset=...,",
-              *([f"    peft_config=LoraConfig(r={args.lora_r}, lora_alpha={args.lora_alpha}, lora_dropout=0.0, "
-                 f"target_modules=\"all-linear\"),"] if args.lora_r else []),
-              ")", "trainer.train()"]
-    return "\n".join(lines)
-
-
-def export_verl_data(args):
-    """--export-verl-data DIR: --data's rows, split as the scripts split them (--eval-size held out), as the parquet
-    files verl reads: a chat `prompt`, `data_source`, and the answer in `reward_model.ground_truth`."""
-    check(args.data is not None, "--export-verl-data needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
-    try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError:
-        raise UsageError("--export-verl-data needs pyarrow, which is not installed: pip install pyarrow") from None
-    train, held_out = split_eval(read_jsonl(args.data), args.eval_size)
-    folder = Path(args.export_verl_data)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("train", train), ("test", held_out)):
-        table = pyarrow.Table.from_pylist([
-            {"data_source": "llm-rl-reference", "prompt": [{"role": "user", "content": prompt}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": answer}, "extra_info": {"split": name, "index": i}}
-            for i, (prompt, answer) in enumerate(rows)])
-        pyarrow.parquet.write_table(table, folder / f"{name}.parquet")
-    print(f"wrote {folder / 'train.parquet'} ({len(train)} rows) and {folder / 'test.parquet'} ({len(held_out)} rows)",
-          file=sys.stderr)

@@ -131,6 +131,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_hig
     """DAPO loss (DAPO paper eq. 8): per-token ratio clipped asymmetrically (Clip-Higher); summed over
     all tokens and divided by their total count (token-level loss), or with token_level=False GRPO's
     per-sequence mean. logp, old_logp, mask [N, T]; advantages [N]."""
+    mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     adv = advantages[:, None]                                            # A_i, the same for every token
@@ -143,11 +144,10 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_hig
     with torch.no_grad():
         clipped_low = (adv < 0) & (ratio < 1 - clip_eps_low)
         clipped_high = (adv > 0) & (ratio > 1 + clip_eps_high)
-        metrics = {"clip_frac": common.masked_mean((clipped_low | clipped_high).float(), mask).item(),
-                   "clip_frac_low": common.masked_mean(clipped_low.float(), mask).item(),
-                   "clip_frac_high": common.masked_mean(clipped_high.float(), mask).item(),
-                   "approx_kl": common.masked_mean(ratio - 1 - log_ratio, mask).item()}   # k3 KL(old || new)
-        metrics |= common.by_quarter("clip_frac", (clipped_low | clipped_high).float(), mask)
+        clipped = clipped_low | clipped_high                                 # [N, T]: zero gradient
+        metrics = {"clip_frac_low": mean(clipped_low.float()), "clip_frac_high": mean(clipped_high.float())}
+        metrics |= {"clip_frac": mean(clipped.float()), "clipped": clipped,
+                    "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)
     return loss, metrics
 
 
@@ -274,9 +274,9 @@ def train(args):
                 mask = mask * rollout.finished[idx, None]
             loss, metrics = policy_loss(logp, old, advantages[idx], mask, args.clip_eps_low,
                                         clip_eps_high, args.token_level_loss)
+            metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), mask)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts,
-                                                        aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
         t3 = time.perf_counter()
 
         # ------------------------------------------------------------ log

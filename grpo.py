@@ -109,6 +109,7 @@ def compute_advantages(rewards, group_size):
 def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, beta=0.0):
     """GRPO loss (DeepSeekMath eq. 3): per-token clipped ratio, k3 KL to the reference, mean over each
     sequence's tokens, then mean over sequences. logp, old_logp, ref_logp, mask [N, T]; advantages [N]."""
+    mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     adv = advantages[:, None]                                            # A_i, the same for every token
@@ -116,17 +117,16 @@ def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, b
     per_token = -surrogate
     metrics = {}
     if beta > 0:
-        check(ref_logp is not None, "policy_loss: beta > 0 needs ref_logp")
+        assert ref_logp is not None, "policy_loss: beta > 0 needs ref_logp"
         kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1          # k3, >= 0, 0 at ref = policy
         per_token = per_token + beta * kl
-        metrics["kl_ref"] = common.masked_mean(kl, mask).item()
+        metrics["kl_ref"] = mean(kl)
     lengths = mask.sum(1).clamp(min=1)                                   # |o_i|
     loss = ((per_token * mask).sum(1) / lengths).mean()                  # seq-mean-token-mean
     with torch.no_grad():
-        clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
-        metrics["clip_frac"] = common.masked_mean(clipped.float(), mask).item()
-        metrics |= common.by_quarter("clip_frac", clipped.float(), mask)
-        metrics["approx_kl"] = common.masked_mean(ratio - 1 - log_ratio, mask).item()   # k3 KL(old || new)
+        clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))   # [N, T]: zero gradient
+        metrics |= {"clip_frac": mean(clipped.float()), "clipped": clipped,
+                    "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)
     return loss, metrics
 
 
@@ -172,9 +172,9 @@ def train(args):
             old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
             loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
                                         None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
+            metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts,
-                                                        aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log

@@ -118,6 +118,7 @@ def compute_advantages(rewards, group_size):
 def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
     """GSPO loss (GSPO paper eq. 5-7): length-normalised sequence ratio, clipped per sequence, mean over
     sequences. logp, old_logp, mask [N, T]; advantages [N]."""
+    mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     lengths = mask.sum(1).clamp(min=1)                                   # |o_i|: this completion's own length
     seq_log_ratio = (log_ratio * mask).sum(1) / lengths                  # log s_i [N]
@@ -127,14 +128,18 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_hi
     loss = -surrogate.mean()
     with torch.no_grad():
         clipped = (((advantages > 0) & (seq_ratio > 1 + clip_eps_high))
-                   | ((advantages < 0) & (seq_ratio < 1 - clip_eps_low)))[:, None].expand_as(mask)
-        return loss, sequence_metrics(clipped, log_ratio, seq_log_ratio, mask)
+                   | ((advantages < 0) & (seq_ratio < 1 - clip_eps_low)))[:, None].expand_as(mask)   # [N, T]
+        # clip_frac as the paper counts it: clipped tokens over all tokens; the spread of the sequence log-ratios.
+        return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,
+                      "seq_log_ratio_std": seq_log_ratio.std().item() if len(seq_log_ratio) > 1 else 0.0,
+                      "approx_kl": mean(torch.exp(log_ratio) - 1 - log_ratio)}      # k3 KL(old || new)
 
 
 def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
     """GSPO-token loss (GSPO paper eq. 13-14) for per-token advantages [N, T]:
     s_it = sg[s_i] * pi(o_it) / sg[pi(o_it)] is numerically s_i, but its gradient flows through token t
     only, weighted by A_it. With A_it = A_i for all t it equals policy_loss in value and gradient."""
+    mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     lengths = mask.sum(1).clamp(min=1)
     seq_log_ratio = (log_ratio * mask).sum(1) / lengths                  # log s_i [N]
@@ -145,16 +150,9 @@ def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_
     with torch.no_grad():
         clipped = (((advantages > 0) & (token_ratio > 1 + clip_eps_high))
                    | ((advantages < 0) & (token_ratio < 1 - clip_eps_low)))
-        return loss, sequence_metrics(clipped, log_ratio, seq_log_ratio, mask)
-
-
-def sequence_metrics(clipped, log_ratio, seq_log_ratio, mask):
-    """clip_frac as the paper counts it: clipped tokens (every token of a clipped sequence) over all
-    tokens; the spread of the sequence log-ratios; k3 KL(old || new)."""
-    return {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
-            **common.by_quarter("clip_frac", clipped.float(), mask),
-            "seq_log_ratio_std": seq_log_ratio.std().item() if len(seq_log_ratio) > 1 else 0.0,
-            "approx_kl": common.masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).item()}
+        return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,
+                      "seq_log_ratio_std": seq_log_ratio.std().item() if len(seq_log_ratio) > 1 else 0.0,
+                      "approx_kl": mean(torch.exp(log_ratio) - 1 - log_ratio)}      # k3 KL(old || new)
 
 
 def train(args):
@@ -196,9 +194,9 @@ def train(args):
             else:
                 loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
                                             args.clip_eps_low, args.clip_eps_high)
+            metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
-            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts,
-                                                        aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
         t3 = time.perf_counter()
 
         # ------------------------------------------------------------ log

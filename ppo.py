@@ -149,22 +149,21 @@ def explained_variance(values, returns, mask):
 def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
     """PPO's clipped surrogate, per token, averaged over all valid tokens. logp, old_logp, advantages,
     mask [N, T]."""
+    mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
     loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
     with torch.no_grad():
         clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | ((advantages < 0) & (ratio < 1 - clip_eps))
-        metrics = {"clip_frac": common.masked_mean(clipped.float(), mask).item(),
-                   "approx_kl": common.masked_mean(ratio - 1 - log_ratio, mask).item()}   # k3 KL(old || new)
-        metrics |= common.by_quarter("clip_frac", clipped.float(), mask)
-    return loss, metrics
+        return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,           # [N, T]: zero gradient
+                      "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)
 
 
 def value_loss(values, old_values, returns, mask, clip_range=0.2):
     """Clipped value loss: 0.5 * mean over valid tokens of max((V - R)^2, (clip(V, V_old +- c) - R)^2)."""
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
-    return 0.5 * common.masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
+    return 0.5 * (torch.max((values - returns) ** 2, (clipped - returns) ** 2) * mask).sum() / mask.sum().clamp(min=1)
 
 
 def make_critic(policy):
@@ -250,6 +249,7 @@ def train(args):
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
                                                          rollout_experts if args.routing_replay else None)
             loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
+            metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             t_critic = time.perf_counter()
             critic_loss = value_loss(values(critic, rollout[idx]), old_values[idx], returns[idx],

@@ -46,15 +46,7 @@ def capacity(world, cfg, steps=900, every=50):
     rows, seconds = [], 0.0
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        idx = torch.randint(len(world.train), (256,), generator=gen).tolist()
-        loss = common.answer_loss(model, torch.stack([world.train[i][0] for i in idx]),
-                                  [torch.tensor([common.TOY_ID[c] for c in world.train[i][1]] + [common.TOY_EOS])
-                                   for i in idx], aux_coef=0.01)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        average.update_parameters(model)
+        common.warm_start_step(model, opt, average, world, common.TASKS["add"], gen, None)
         seconds += time.perf_counter() - t0
         if step % every == 0:
             rows.append((step, seconds, common.teacher_forced_accuracy(average.module, world.eval),

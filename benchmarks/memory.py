@@ -48,6 +48,7 @@ POINTS_DIR = ROOT / "benchmarks" / "results" / "memory-points"
 USED = []                                     # the points this run writes memory.md from
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
+from extras import hf_models, hf_routing, rewards  # noqa: E402
 import ppo  # noqa: E402
 import bench  # noqa: E402
 
@@ -173,12 +174,13 @@ def measure(name, layers, experts, device, lora=False):
         import peft  # noqa: F401 (imported before part a)
     torch.manual_seed(0)
     base = memory_now(device)
-    with torch.device(device):         # with LoRA the checkpoint's dtype, bf16, as common.make_policy loads it
+    with torch.device(device):         # with LoRA the checkpoint's dtype, bf16, as hf_models.make_policy loads it
         model = AutoModelForCausalLM.from_config(config(name, layers, experts),
                                                  dtype=torch.bfloat16 if lora else torch.float32)
-    model = common.watch_routers(model)                                  # as common.load_hf and make_policy
+    model = hf_routing.watch_routers(model)                              # as hf_models.load_hf and make_policy
     if lora:
-        model = common.add_lora(model, common.lora_config(argparse.Namespace(lora_r=LORA_R, lora_alpha=LORA_ALPHA)), 0)
+        lora_args = argparse.Namespace(lora_r=LORA_R, lora_alpha=LORA_ALPHA)
+        model = hf_models.add_lora(model, hf_models.lora_config(lora_args), 0)
     model = common.training_mode(model, False)
     trained = common.trainable(model)
     # AdamW's moments appear at its first step: a step on zero gradients allocates what a real one does.
@@ -567,7 +569,7 @@ estimate misses at most one layer's cache, and the prefill over 64 x 150 tokens 
 LORA_NOTES = """\
 All figures in GiB, **estimates** made as above (CPU, bf16 autocast, 1 and 2 layers measured in fresh processes and
 extrapolated; the MoE also at 8 and 16 experts; nothing ran on a GPU). What differs from full fine-tuning, as
-`common.make_policy` does it with `--lora-r`:
+`extras/hf_models.make_policy` does it with `--lora-r`:
 
 - The base is built in bf16 and frozen (requires_grad False): on CUDA the scripts load it in the checkpoint's dtype,
   bf16 for these models (on a CPU they load fp32, not measured here). peft's LoRA, r 16, alpha 32, no dropout, on
@@ -705,7 +707,7 @@ def trl_run(folder, checkpointing):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
-    reward = lambda prompts, completions, answer, **kw: [common.answer_reward(c, a, True)
+    reward = lambda prompts, completions, answer, **kw: [rewards.answer_reward(c, a, True)
                                                          for c, a in zip(completions, answer)]
     args = GRPOConfig(output_dir=str(Path(folder) / "trl"), per_device_train_batch_size=8, num_generations=8,
                       max_completion_length=256, max_steps=1, steps_per_generation=1, loss_type="grpo", beta=0.0,

@@ -155,8 +155,8 @@ def run_all(arms, seeds, threads, jobs=1):
     print(f"{len(todo)} runs to do, {jobs} at a time on {threads} threads each", flush=True)
     if jobs > 1 and todo:
         sys.path.insert(0, str(ROOT))
-        import common
-        common.gguf_folder(model)      # converted once here, not by every run at once
+        from extras import hf_models
+        hf_models.gguf_folder(model)      # converted once here, not by every run at once
 
     def one(run):
         label, script, flags, seed = run
@@ -408,9 +408,10 @@ def export_check(out, record):
         return json.loads(cached.read_text())
     sys.path.insert(0, str(ROOT))
     import common
+    from extras import hf_models, rewards
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tokenizer = AutoTokenizer.from_pretrained(out / "model", padding_side="left")
-    _, held_out = common.split_eval(common.read_jsonl(str(ARITHMETIC)), HELD_OUT)   # the scripts' own split
+    _, held_out = common.split_eval(hf_models.read_jsonl(str(ARITHMETIC)), HELD_OUT)   # the scripts' own split
     correct = 0
     for start in range(0, len(held_out), 48):
         rows = held_out[start:start + 48]
@@ -422,7 +423,7 @@ def export_check(out, record):
         for ids, (_, answer) in zip(new, rows):
             ended = bool(torch.isin(ids, torch.tensor(model.generation_config.eos_token_id)).any())
             text = tokenizer.decode(ids, skip_special_tokens=True)
-            correct += common.answer_reward(text, answer, ended)
+            correct += rewards.answer_reward(text, answer, ended)
     result = {"accuracy": correct / len(held_out), "run_last_eval": read_metrics(record)[-1]["eval_accuracy"]}
     cached.write_text(json.dumps(result) + "\n")
     return result

@@ -32,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402  (the repository root is not a package)
+from extras import hf_models, rewards  # noqa: E402
 import grpo  # noqa: E402
 import bench  # noqa: E402
 from moe_model import MoETransformer  # noqa: E402
@@ -140,7 +141,7 @@ def trl_step_times(model, data, steps, device, checkpointing=True, profile=None)
             self.times.append(time.perf_counter() - self.start)
 
     def reward(prompts, completions, answer, **kwargs):
-        return [common.answer_reward(c, a, True) for c, a in zip(completions, answer)]
+        return [rewards.answer_reward(c, a, True) for c, a in zip(completions, answer)]
 
     config = GRPOConfig(output_dir=str(Path(model) / "trl"), per_device_train_batch_size=64, num_generations=8,
                         max_completion_length=16, num_iterations=1, steps_per_generation=1, beta=0.0,
@@ -177,7 +178,7 @@ def trl_table(device, steps, rounds, tmp):
         print("skipped grpo.py vs TRL: trl is not installed (pip install -r benchmarks/requirements.txt)")
         return ["grpo.py vs TRL: skipped, trl is not installed (`pip install -r benchmarks/requirements.txt`)."]
     model, data = build_hf_moe(Path(tmp) / "qwen3-moe-tiny")
-    n_params = sum(t.numel() for t in common.load_hf(str(model), torch.device("cpu"))[0].parameters())
+    n_params = sum(t.numel() for t in hf_models.load_hf(str(model), torch.device("cpu"))[0].parameters())
     # TRL's defaults turn gradient checkpointing on (a second forward in the backward): timed both ways.
     runs = {"grpo.py": lambda: ours_step_times(model, data, steps, device),
             "TRL GRPOTrainer (defaults)": lambda: trl_step_times(model, data, steps, device, True),

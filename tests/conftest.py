@@ -151,12 +151,13 @@ def tiny_moe():
         from transformers import AutoModelForCausalLM
 
         import common
+        from extras import hf_routing
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(moe_configs()[family])
-        for router in common.routers(model):
+        for router in hf_routing.routers(model):
             if hasattr(router, "e_score_correction_bias"):       # DeepSeek-V3: a bias that changes the choice
                 router.e_score_correction_bias.normal_(0, 0.1)
-        return common.training_mode(common.watch_routers(model), gradient_checkpointing)
+        return common.training_mode(hf_routing.watch_routers(model), gradient_checkpointing)
     return build
 
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+from extras import hf_models, rewards
 from moe_model import MoEConfig, MoETransformer
 
 
@@ -69,7 +70,7 @@ def test_generation_without_the_cache_samples_the_same_tokens(which, request):
         model, world = toy()
         prompts, _ = world.sample(4)
     else:
-        model, tokenizer = common.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))
+        model, tokenizer = hf_models.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))
         world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)
         prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok", "7*8=")]
     rollouts = []
@@ -113,7 +114,7 @@ def test_fixed_logprobs_in_chunks_match_one_pass_and_record_routing():
     ("no idea", "7", 0.0),
 ])
 def test_final_answer_reward(text, answer, reward):
-    assert common.answer_reward(text, answer, finished=True) == reward
+    assert rewards.answer_reward(text, answer, finished=True) == reward
 
 
 def test_toy_reward_needs_the_exact_answer_and_eos():
@@ -190,7 +191,7 @@ def test_two_optimizer_steps_start_each_from_a_fresh_gradient():
 
 
 def test_left_padding_does_not_change_hf_logprobs(hf_dense):
-    model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
+    model, tokenizer = hf_models.load_hf(str(hf_dense), torch.device("cpu"))
     world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)
     short = torch.tensor(tokenizer("what is 1+2?")["input_ids"])
     long = torch.tensor(tokenizer("what is 12+34? ok ok ok")["input_ids"])
@@ -207,7 +208,7 @@ def test_left_padding_does_not_change_hf_logprobs(hf_dense):
 
 
 def test_hf_cached_generation_with_left_padding_matches_a_full_forward(hf_dense):
-    model, tokenizer = common.load_hf(str(hf_dense), torch.device("cpu"))
+    model, tokenizer = hf_models.load_hf(str(hf_dense), torch.device("cpu"))
     world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 8)
     prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok ok", "7*8=")]
     rollout = common.generate(model, world, prompts, 1, 1.0, greedy=True)
@@ -278,7 +279,7 @@ def test_ratio_variance_and_routing_drift_by_quarter():
 def test_hf_models_load_without_hub_kernels(hf_dense):
     # transformers 5.25 turns Hub kernels on by default; on a GPU model.train() then downloads layers (it failed
     # offline on an H200: "Kernel repository 'kernels-community/rotary' could not verify publisher trust status").
-    model, _ = common.load_hf(str(hf_dense), torch.device("cpu"))
+    model, _ = hf_models.load_hf(str(hf_dense), torch.device("cpu"))
     assert not getattr(model, "use_kernels", False)
     model.train()
     assert not getattr(model, "use_kernels", False)

@@ -23,8 +23,11 @@ def test_loss_by_hand_asymmetric_clip_and_token_level_normaliser():
     assert loss.item() == pytest.approx(-(1.0 + 1.25 + 1.28 - 0.8 - 0.9) / 5, abs=1e-6)
     assert metrics["clip_frac_high"] == pytest.approx(1 / 5) and metrics["clip_frac_low"] == pytest.approx(1 / 5)
     assert metrics["clip_frac"] == pytest.approx(2 / 5)
-    # By quarter: token 0 of each row (row 1's clipped low); row 0 token 2 (clipped high) and row 1 token 1.
-    assert metrics["clip_frac_q1"] == pytest.approx(0.5) and metrics["clip_frac_q4"] == pytest.approx(0.5)
+    # The clipped tokens, and by quarter: token 0 of each row (row 1's clipped low); row 0 token 2 (clipped
+    # high) and row 1 token 1.
+    assert torch.equal(metrics["clipped"] & mask.bool(), torch.tensor([[False, False, True], [True, False, False]]))
+    by_quarter = common.by_quarter("clip_frac", metrics["clipped"].float(), mask)   # the caller's split
+    assert by_quarter == {"clip_frac_q1": pytest.approx(0.5), "clip_frac_q4": pytest.approx(0.5)}
     loss.backward()
     # Every unclipped token: -r A / 5, whatever its sequence's length.
     assert torch.allclose(logp.grad, torch.tensor([[-1.0 / 5, -1.25 / 5, 0.0], [0.0, 0.9 / 5, 0.0]]), atol=1e-6)

@@ -11,6 +11,7 @@ from conftest import TINIER, run
 
 import common
 import grpo
+from extras import rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,13 +143,13 @@ def test_a_reward_file_with_postponed_annotations_and_a_dataclass_loads_and_pick
                                    "@dataclass\nclass Score:\n    value: float\n\n\n"
                                    "def f(completion, answer, finished) -> float:\n"
                                    "    return Score(len(completion) / 4).value\n")
-    f = common.load_reward(f"{tmp_path / 'r.py'}:f")
+    f = rewards.load_reward(f"{tmp_path / 'r.py'}:f")
     assert f("12+34", "46", True) == 1.25
     assert pickle.loads(pickle.dumps(f)) is f                         # registered as a module: a reference pickles
 
 
 def test_a_reward_file_imports_its_helpers_from_its_folder(tmp_path):
-    (tmp_path / "r.py").write_text("from common import answer_reward\nfrom reward_weights import weight\n\n\n"
+    (tmp_path / "r.py").write_text("from extras.rewards import answer_reward\nfrom reward_weights import weight\n\n\n"
                                    "def f(completion, answer, finished):\n"
                                    "    return weight * answer_reward(completion, answer, finished)\n")
     (tmp_path / "reward_weights.py").write_text("weight = 0.5\n")
@@ -156,7 +157,7 @@ def test_a_reward_file_imports_its_helpers_from_its_folder(tmp_path):
     (tmp_path / "common.py").symlink_to(ROOT / "common.py")
     path_before = sys.path[:]
     try:
-        f = common.load_reward(f"{tmp_path / 'r.py'}:f")
+        f = rewards.load_reward(f"{tmp_path / 'r.py'}:f")
     finally:
         sys.modules.pop("reward_weights", None)                       # a later test may write another one
     assert f("so 46", "46", True) == 0.5 and f("so 45", "46", True) == 0.0

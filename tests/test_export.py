@@ -11,6 +11,7 @@ import common
 import grpo
 import moe_model
 import ppo
+from extras import hf_routing
 
 LENGTH_REWARD = "def length(completion, answer, finished):\n    return float(len(completion))\n"
 
@@ -114,7 +115,7 @@ def hf_deepseek_bf16(hf_dense, tmp_path):
     config.vocab_size = 51                                                  # hf_dense's tokenizer
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    for router in common.routers(model):
+    for router in hf_routing.routers(model):
         router.e_score_correction_bias.copy_(torch.tensor([4.3738, 4.8763, 5.1250, 4.8833, 5.0101, 4.9, 5.2, 4.7]))
     folder = tmp_path / "tiny-deepseek-v3-bf16"
     model.save_pretrained(folder)

@@ -4,6 +4,8 @@ import ast
 import dataclasses
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import dapo
 import grpo
 import gspo
 import ppo
+from extras import graduate, hf_models
 
 # The mapping table lives in docs/models.md, which README.md links to; the messages below call it README's table.
 MAPPING_DOC = Path(__file__).resolve().parent.parent / "docs" / "models.md"
@@ -251,6 +254,29 @@ def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_
         assert config.critic.optim.weight_decay == 0.0 and config.critic.optim.clip_grad == args.max_grad_norm
 
 
+def test_the_printed_verl_command_finds_its_reward_as_verl_loads_it(capsys):
+    # verl loads custom_reward_function.path as a file (verl.utils.import_utils.load_extern_object), in a process
+    # started where the printed command says to run it; importing the package itself needs verl's dependencies, so its
+    # loader is taken from its file.
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not installed (pip install --no-deps verl==0.9.1)")
+    text = printed(grpo, [], capsys)
+    key = "reward.custom_reward_function.path="
+    path = next(line[len(key):] for line in overrides(text) if line.startswith(key))
+    folder = re.search(r"# run from (\S+):", text).group(1)
+    loader = Path(spec.origin).parent / "utils" / "import_utils.py"
+    code = (f"import importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('verl_import_utils', {str(loader)!r})\n"
+            f"utils = importlib.util.module_from_spec(spec)\n"
+            f"spec.loader.exec_module(utils)\n"
+            f"reward = utils.load_extern_object(module_path={path!r}, object_name='verl_reward')\n"
+            f"print(reward('llm-rl-reference', 'So the answer is 12.', '12'), reward('x', 'So it is 13.', '12'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1.0", "0.0"]
+
+
 def test_a_changed_flag_changes_the_printed_value(capsys):
     assert "actor_rollout_ref.rollout.n=8" in overrides(printed(grpo, [], capsys))
     assert "actor_rollout_ref.rollout.n=4" in overrides(printed(grpo, ["--group-size", "4"], capsys))
@@ -323,7 +349,7 @@ def test_the_readme_table_says_what_the_scripts_print(capsys):
 def test_export_verl_data_writes_the_scripts_split_as_verls_parquet(jsonl, tmp_path, capsys):
     parquet = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (pip install pyarrow)")
     grpo.main(["--model", "m", "--data", str(jsonl), "--eval-size", "5", "--export-verl-data", str(tmp_path)])
-    train, held_out = common.split_eval(common.read_jsonl(str(jsonl)), 5)
+    train, held_out = common.split_eval(hf_models.read_jsonl(str(jsonl)), 5)
     for name, rows in (("train", train), ("test", held_out)):
         table = parquet.read_table(tmp_path / f"{name}.parquet").to_pylist()
         assert [(r["prompt"], r["reward_model"]["ground_truth"]) for r in table] == \
@@ -332,16 +358,16 @@ def test_export_verl_data_writes_the_scripts_split_as_verls_parquet(jsonl, tmp_p
 
 
 def test_verl_and_trl_score_as_the_project_does(tmp_path):
-    assert common.verl_reward("llm-rl-reference", "So the answer is 12.", "12") == 1.0
-    assert common.verl_reward("llm-rl-reference", "So the answer is 13.", "12") == 0.0
+    assert graduate.verl_reward("llm-rl-reference", "So the answer is 12.", "12") == 1.0
+    assert graduate.verl_reward("llm-rl-reference", "So the answer is 13.", "12") == 0.0
     (tmp_path / "mine.py").write_text("def score(completion, answer, finished):\n    return float(len(completion))\n")
-    assert common.verl_reward("x", "abc", "1", reward=f"{tmp_path / 'mine.py'}:score") == 3.0
+    assert graduate.verl_reward("x", "abc", "1", reward=f"{tmp_path / 'mine.py'}:score") == 3.0
     # TRL's call: chat completions, the dataset's column, the token ids up to the end token. Limit 3 tokens: the
     # third answer is right but was cut off, as its 3 ids say.
     chat = [[{"role": "assistant", "content": c}] for c in ("12", "I think 7", "It is 12")]
-    reward = common.trl_reward(3)
+    reward = graduate.trl_reward(3)
     assert reward(chat, answer=["12", "8", "12"], completion_ids=[[1, 2], [3, 4], [5, 6, 7]], prompts=None) == \
         [1.0, 0.0, 0.0]
     assert reward.__name__ == "answer_reward"
-    mine = common.trl_reward(3, f"{tmp_path / 'mine.py'}:score")
+    mine = graduate.trl_reward(3, f"{tmp_path / 'mine.py'}:score")
     assert mine(chat[:1], answer=["1"], completion_ids=[[1]]) == [2.0] and mine.__name__ == "score"

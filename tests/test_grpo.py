@@ -50,8 +50,11 @@ def test_loss_by_hand():
     assert loss.item() == pytest.approx(0.025, abs=1e-6)
     # Clipped: row 0 token 1 (A > 0, r > 1.2) and row 1 token 1 (A < 0, r < 0.8): 2 of 5 tokens.
     assert metrics["clip_frac"] == pytest.approx(0.4)
-    # By quarter (common.quarters): token 0 of each row, none clipped; row 0 token 2 and row 1 token 1, one clipped.
-    assert metrics["clip_frac_q1"] == 0.0 and metrics["clip_frac_q4"] == pytest.approx(0.5)
+    # The clipped tokens, and by quarter (common.quarters): token 0 of each row, none clipped; row 0 token 2 and
+    # row 1 token 1, one clipped.
+    assert torch.equal(metrics["clipped"] & mask.bool(), torch.tensor([[False, True, False], [False, True, False]]))
+    by_quarter = common.by_quarter("clip_frac", metrics["clipped"].float(), mask)   # the caller's split
+    assert by_quarter == {"clip_frac_q1": 0.0, "clip_frac_q4": pytest.approx(0.5)}
     loss.backward()
     # d loss / d logp_it = -(1/G)(1/|o_i|) r_it A_i where unclipped, 0 where clipped or padded.
     expected = torch.tensor([[-1 / 6, 0.0, -0.5 / 6], [1.1 / 4, 0.0, 0.0]])

@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import TINY, read_metrics
 
+import common
 import gspo
 
 
@@ -44,8 +45,11 @@ def test_loss_and_clip_fraction_by_hand():
     # min(s0 * 1, clip(s0) * 1) = s0; min(-s1, -clip(s1)) = min(-0.9990, -0.9997) = -0.9997.
     assert loss.item() == pytest.approx(-(s0 - (1 - 3e-4)) / 2, abs=1e-6)
     assert metrics["clip_frac"] == pytest.approx(2 / 5)              # the 2 tokens of the clipped sequence
-    # By quarter: token 0 of each row, and row 0 token 2 with row 1 token 1: row 1's token in each is clipped.
-    assert metrics["clip_frac_q1"] == pytest.approx(0.5) and metrics["clip_frac_q4"] == pytest.approx(0.5)
+    # The clipped tokens, and by quarter: token 0 of each row, and row 0 token 2 with row 1 token 1: row 1's
+    # token in each is clipped.
+    assert torch.equal(metrics["clipped"] & mask.bool(), torch.tensor([[False, False, False], [True, True, False]]))
+    by_quarter = common.by_quarter("clip_frac", metrics["clipped"].float(), mask)   # the caller's split
+    assert by_quarter == {"clip_frac_q1": pytest.approx(0.5), "clip_frac_q4": pytest.approx(0.5)}
     loss.backward()
     # Row 0: d/dlogp_0t of -(1/2) s0 = -(1/2) s0 / 3; row 1 clipped: zero.
     assert torch.allclose(logp.grad[0], torch.full((3,), -s0 / 6), atol=1e-7)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import common
 import ppo
 from moe_model import MoEConfig, MoETransformer
+from extras import hf_models
 
 
 def toy_model():
@@ -17,7 +18,7 @@ def toy_model():
 
 
 def hf_model(folder):
-    model, tokenizer = common.load_hf(str(folder), torch.device("cpu"))
+    model, tokenizer = hf_models.load_hf(str(folder), torch.device("cpu"))
     world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 8)
     return model, world
 
@@ -28,7 +29,7 @@ def model_and_rollout(which, request):
         prompts, _ = world.sample(4)
     else:
         model, world = hf_model(request.getfixturevalue(which))
-        tokenizer = common.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))[1]
+        tokenizer = hf_models.load_hf(str(request.getfixturevalue(which)), torch.device("cpu"))[1]
         prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34? ok", "7*8=", "a b")]
     common.training_mode(model, gradient_checkpointing=False)
     torch.manual_seed(1)
@@ -136,9 +137,9 @@ def test_a_head_the_log_prob_path_cannot_reproduce_is_refused(hf_dense):
     model, _ = hf_model(hf_dense)
     model.config.logits_scaling = 2.0                                 # Qwen3's own forward ignores it
     with pytest.raises(common.UsageError, match="its logits cannot be reproduced"):
-        common.check_scoring(model, "tiny")
+        hf_models.check_scoring(model, "tiny")
     model.config.logits_scaling = None
-    common.check_scoring(model, "tiny")
+    hf_models.check_scoring(model, "tiny")
 
 
 def test_the_critic_takes_the_dtype_of_a_bf16_model(hf_dense):

@@ -14,6 +14,7 @@ import dapo
 import grpo
 import gspo
 import ppo
+from extras import hf_models, hf_routing
 
 # Without peft only the refusals run.
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
@@ -56,7 +57,7 @@ def lora_run(hf_moe, tmp_path_factory):
 
 def base_model(source):
     from transformers import AutoModelForCausalLM
-    return common.training_mode(common.watch_routers(AutoModelForCausalLM.from_pretrained(source)), False)
+    return common.training_mode(hf_routing.watch_routers(AutoModelForCausalLM.from_pretrained(source)), False)
 
 
 @torch.no_grad()
@@ -131,8 +132,8 @@ def test_merge_lora_exports_a_model_that_auto_model_loads(lora_run):
 
 @needs_peft
 def test_routing_replay_sees_the_top_k_of_a_router_that_peft_wraps(tiny_moe):
-    model = common.add_lora(tiny_moe("qwen3_moe"), common.lora_config(grpo.Args(lora_r=4)), seed=0)
-    routers = common.routers(model)
+    model = hf_models.add_lora(tiny_moe("qwen3_moe"), hf_models.lora_config(grpo.Args(lora_r=4)), seed=0)
+    routers = hf_routing.routers(model)
     gates = [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
     assert [g.base_layer for g in gates] == routers                # peft wraps the router: replay works inside
     common.check_replay(model)                                     # recorded, replayed exactly, others differ
@@ -151,7 +152,7 @@ def test_routing_replay_sees_the_top_k_of_a_router_that_peft_wraps(tiny_moe):
 
 @needs_peft
 def test_the_adapters_are_fp32_on_a_bf16_base(tiny_moe):
-    model = common.add_lora(tiny_moe("qwen3_moe").to(torch.bfloat16), common.lora_config(grpo.Args(lora_r=4)), 0)
+    model = hf_models.add_lora(tiny_moe("qwen3_moe").to(torch.bfloat16), hf_models.lora_config(grpo.Args(lora_r=4)), 0)
     assert {p.dtype for p in common.trainable(model)} == {torch.float32}
     assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
 
@@ -246,8 +247,8 @@ def test_merge_lora_merges_into_a_base_loaded_again_on_the_cpu_not_into_a_copy_o
     """A copy of the policy would be a second model on its GPU: the export loads --model on the CPU instead."""
     import copy
     runs, loads, copied = capture_runs(monkeypatch), [], []
-    load_hf, deepcopy = common.load_hf, copy.deepcopy
-    monkeypatch.setattr(common, "load_hf", lambda name, device, *a: loads.append((device.type, *a)) or
+    load_hf, deepcopy = hf_models.load_hf, copy.deepcopy
+    monkeypatch.setattr(hf_models, "load_hf", lambda name, device, *a: loads.append((device.type, *a)) or
                         load_hf(name, device, *a))
     monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copied.append(x) or deepcopy(x, *a))
     assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--merge-lora", "--out", str(tmp_path / "run")))[0] == 0

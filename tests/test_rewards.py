@@ -11,6 +11,7 @@ from conftest import TINIER, read_metrics, run
 
 import common
 import grpo
+from extras import hf_models, rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
@@ -220,17 +221,17 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{2x+1}", "#### 2x+1", True, 1.0),
 ])
 def test_answer_reward(completion, answer, finished, reward):
-    assert common.answer_reward(completion, answer, finished) == reward
+    assert rewards.answer_reward(completion, answer, finished) == reward
 
 
 def test_json_number_answers_are_read_exactly(tmp_path):
     path = tmp_path / "numbers.jsonl"
     path.write_text('{"prompt": "a", "answer": 0.00001}\n{"prompt": "b", "answer": 1e-05}\n'
                     '{"prompt": "c", "answer": 2.50}\n{"prompt": "d", "answer": 72}\n')
-    rows = common.read_jsonl(str(path))
+    rows = hf_models.read_jsonl(str(path))
     assert [a for _, a in rows] == ["0.00001", "0.00001", "2.50", "72"]   # floats would print 1e-05, 1e-05, 2.5
-    assert [common.answer_reward("\\boxed{0.00001}", a, True) for _, a in rows] == [1.0, 1.0, 0.0, 0.0]
-    assert common.answer_reward("\\boxed{2.5}", rows[2][1], True) == 1.0
+    assert [rewards.answer_reward("\\boxed{0.00001}", a, True) for _, a in rows] == [1.0, 1.0, 0.0, 0.0]
+    assert rewards.answer_reward("\\boxed{2.5}", rows[2][1], True) == 1.0
 
 
 @pytest.mark.parametrize("answer, shown", [("1e999999999", r"1E\+999999999"),   # a billion digits written out
@@ -239,14 +240,14 @@ def test_a_json_answer_too_large_to_write_out_stops_with_one_line(tmp_path, answ
     path = tmp_path / "huge.jsonl"
     path.write_text('{"prompt": "a", "answer": %s}\n' % answer)
     with pytest.raises(common.UsageError, match=rf"line 1: the answer {shown} is too large or too small"):
-        common.read_jsonl(str(path))
+        hf_models.read_jsonl(str(path))
 
 
 def test_a_completion_stops_at_the_first_of_any_end_id(hf_chat):
     """The chat model ends a turn with <|im_end|>, which is not the tokenizer's EOS."""
     args = grpo.Args(model=str(hf_chat), data=str(GSM8K_STYLE), max_new_tokens=12, eval_size=2)
     policy, world = common.make_policy(args, torch.device("cpu"))
-    tokenizer = common.load_hf(str(hf_chat), torch.device("cpu"))[1]
+    tokenizer = hf_models.load_hf(str(hf_chat), torch.device("cpu"))[1]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end != tokenizer.eos_token_id and set(world.eos_ids) == {tokenizer.eos_token_id, im_end}
     torch.manual_seed(0)
@@ -323,17 +324,17 @@ def test_gsm8k_style_data_end_to_end(hf_chat, tmp_path, reward):
 
 
 def test_the_docstrings_examples():
-    """common.answer_reward's docstring states the rules with examples: each of its `a` = `b` = ... chains scores 1
+    """rewards.answer_reward's docstring states the rules with examples: each of its `a` = `b` = ... chains scores 1
     as a boxed answer against any other of the chain, and what it calls not numbers reads as no number."""
-    doc = " ".join(common.answer_reward.__doc__.split())
+    doc = " ".join(rewards.answer_reward.__doc__.split())
     chains = [re.findall(r"`([^`]+)`", c) for c in re.findall(r"`[^`]+`(?: \(U\+2212\))?(?: = `[^`]+`)+", doc)]
     assert len(chains) >= 10 and ["\u22125", "-5"] in chains and ["x = 5", "5"] in chains
     for chain in chains:
         for got, want in itertools.permutations(chain, 2):
-            assert common.answer_reward(f"so \\boxed{{{got}}}", want, True) == 1.0, (got, want)
+            assert rewards.answer_reward(f"so \\boxed{{{got}}}", want, True) == 1.0, (got, want)
     not_numbers = re.findall(r"`([^`]+)`", re.search(r"not numbers: (.*?)\. ", doc)[1])
     assert not_numbers == ["1,2,3", "1 2", "100, 200", "1e3", "2m"]
-    assert all(common.to_number(x) is None for x in not_numbers)
+    assert all(rewards.to_number(x) is None for x in not_numbers)
 
 
 def readme_rewards():

@@ -6,6 +6,7 @@ from conftest import MOE_FAMILIES, read_metrics, run
 
 import common
 import grpo
+from extras import hf_routing
 
 
 def rollout(n=4, seed=0):
@@ -40,7 +41,7 @@ def test_the_recorded_experts_are_the_ones_the_layer_used(family, tiny_moe):
     assert all(torch.equal(u.view(4, 13, 2), r) for u, r in zip(used, recorded))
     if family.startswith("deepseek_v3"):            # the naive reading, top-k of the router logits, is wrong here
         logits = []
-        for router in common.routers(model):
+        for router in hf_routing.routers(model):
             router.register_forward_hook(lambda module, args, out: logits.append(out[0]))
         common.logprobs(model, WORLD, batch, 1.0)
         naive = torch.stack([x.topk(2, -1).indices.view(4, 13, 2) for x in logits])
@@ -95,7 +96,7 @@ def test_the_hooks_follow_copies_of_the_model(tiny_moe):
     model = tiny_moe("qwen3_moe")
     copy = common.frozen_copy(model)
     with torch.no_grad():
-        for router in common.routers(copy):
+        for router in hf_routing.routers(copy):
             router.weight.mul_(-1)                  # the copy routes differently from the original
         _, _, original, _ = common.logprobs(model, WORLD, rollout(), 1.0)
         _, _, copied, _ = common.logprobs(copy, WORLD, rollout(), 1.0)
@@ -106,7 +107,7 @@ def test_load_balancing_loss_of_hugging_face_routers_by_hand():
     # The toy's hand-computed case (tests/test_model.py): 2 tokens, 4 experts top-2, one layer.
     router_logits = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.125, 0.5, 0.25, 0.125]]).log()[None]
     chosen = torch.tensor([[[0, 1], [1, 2]]])
-    assert common.load_balancing_loss(router_logits, chosen).item() == pytest.approx(1.25, abs=1e-6)
+    assert hf_routing.load_balancing_loss(router_logits, chosen).item() == pytest.approx(1.25, abs=1e-6)
 
 
 def test_a_dense_model_with_routing_replay_stops_with_one_line(hf_dense, jsonl, capsys):

@@ -86,7 +86,12 @@ def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, mo
 @pytest.mark.parametrize("script", [grpo, gspo])
 def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys, script):
     real_loss = script.policy_loss
-    monkeypatch.setattr(script, "policy_loss", lambda *a, **kw: (real_loss(*a, **kw)[0] * float("nan"), {}))
+
+    def nan_loss(*a, **kw):
+        loss, metrics = real_loss(*a, **kw)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(script, "policy_loss", nan_loss)
     code, err = run(script, TINY_NO_STEPS + ["--steps", "10", "--out", str(tmp_path)], capsys)
     assert code == 1 and "non-finite loss or gradient in 3 steps in a row (steps 1-3)" in err
     rows = read_metrics(tmp_path)

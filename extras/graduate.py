@@ -1,0 +1,257 @@
+"""Graduating: the same run in verl or TRL. --print-verl prints verl's command, --print-trl TRL's code, and
+--export-verl-data writes --data as verl's parquet files; none of them trains. verl_reward and trl_reward score in
+those frameworks as the scripts do. common.run_main imports this module only when one of those flags is given.
+"""
+import sys
+from pathlib import Path
+
+import common
+from common import UsageError, check
+from extras import hf_models
+from extras.rewards import answer_reward, load_reward
+
+ROOT = Path(__file__).resolve().parent.parent   # where common.py is: the printed command and code run from there
+
+
+def graduate(algorithm, args):
+    """Print this run's settings as a verl command or TRL code, or write --data as verl's parquet files; no training."""
+    common.check_common_args(args, min_group_size=1 if algorithm == "ppo" else 2)
+    if args.export_verl_data:
+        export_verl_data(args)
+    if args.print_verl:
+        print(verl_command(algorithm, args))
+    if args.print_trl:
+        print(trl_code(algorithm, args))
+
+
+def verl_data_paths(args):
+    folder = args.export_verl_data or "verl_data"
+    return f"{folder}/train.parquet", f"{folder}/test.parquet"
+
+
+def verl_overrides(algorithm, args):
+    """verl 0.9.1's Hydra overrides for this run, one a line; a line starting with # says what verl has no key for, or
+    what to do first. tests/test_graduating.py composes them in the installed verl's own config."""
+    actor, rollout, model = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+    P, G, k = args.prompts_per_step, args.group_size, args.minibatches
+    lines = [f"algorithm.adv_estimator={'gae' if algorithm == 'ppo' else 'grpo'}",
+             f"data.train_batch_size={P}", f"{rollout}n={G}"]
+    if P % k == 0:  # verl counts a minibatch in prompts, each with its G completions
+        lines.append(f"{actor}ppo_mini_batch_size={P // k}")
+    else:
+        lines.append(f"# --minibatches {k}: verl splits a batch by prompts, and {P} prompts do not split into {k}")
+    if args.model:
+        lines.append(f"{model}path={args.model}")
+    else:
+        lines.append("# the toy MoE is not a Hugging Face model: give --model and --data")
+    if args.data:
+        train, test = verl_data_paths(args)
+        lines += [f"data.train_files={train}", f"data.val_files={test}"]
+    max_new_tokens = args.max_new_tokens or (256 if args.data else None)
+    if max_new_tokens:
+        lines.append(f"data.max_response_length={max_new_tokens}")
+    # One GPU, and verl's micro-batches (memory only: gradients accumulate to the same minibatch) of 4 rows or fewer.
+    rows = P // k * G if P % k == 0 else G
+    micro = next(m for m in (4, 2, 1) if rows % m == 0)
+    lines += ["trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.total_training_steps={args.steps}",
+              "trainer.total_epochs=100000",  # epochs over the data would otherwise end the run first
+              f"{rollout}name=vllm", f"{actor}ppo_micro_batch_size_per_gpu={micro}",
+              f"{rollout}log_prob_micro_batch_size_per_gpu={micro}",
+              f"{actor}optim.lr={args.lr}", f"{actor}optim.weight_decay=0.0",
+              f"{actor}optim.clip_grad={args.max_grad_norm}",
+              f"{rollout}temperature={args.temperature}", f"data.seed={args.seed}",
+              f"{model}enable_gradient_checkpointing={args.gradient_checkpointing}",
+              f"{actor}clip_ratio_c=10000.0"]  # verl's dual clip (3.0) caps the loss of A < 0 tokens; none here
+    if algorithm in ("grpo", "ppo"):  # verl reads clip_ratio only where these two are null, and they are 0.2
+        lines += [f"{actor}clip_ratio_low={args.clip_eps}", f"{actor}clip_ratio_high={args.clip_eps}"]
+    elif algorithm == "gspo":
+        lines += [f"{actor}policy_loss.loss_mode=gspo", f"{actor}clip_ratio_low={args.clip_eps_low}",
+                  f"{actor}clip_ratio_high={args.clip_eps_high}"]
+        if args.token_level:
+            lines.append("# --token-level: verl has GSPO's sequence level only; with one advantage per sequence, as "
+                         "here, GSPO-token is the same loss")
+    else:
+        lines += [f"{actor}clip_ratio_low={args.clip_eps_low}",
+                  f"{actor}clip_ratio_high={args.clip_eps_high if args.clip_higher else args.clip_eps_low}"]
+    token_level = algorithm == "ppo" or algorithm == "dapo" and args.token_level_loss
+    lines.append(f"{actor}loss_agg_mode={'token-mean' if token_level else 'seq-mean-token-mean'}")
+    if algorithm == "grpo":
+        lines.append(f"{actor}use_kl_loss={args.beta > 0}")
+        if args.beta > 0:
+            lines += [f"{actor}kl_loss_coef={args.beta}", f"{actor}kl_loss_type=low_var_kl",  # low_var_kl: k3
+                      f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
+    else:
+        lines.append(f"{actor}use_kl_loss=False")
+    if algorithm == "dapo":
+        if args.dynamic_sampling:
+            lines += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=reward",  # the shaped one
+                      f"# --max-generation-rounds {args.max_generation_rounds}: verl's trainer refills the batch "
+                      f"without a cap (it ignores filter_groups.max_num_gen_batches)"]
+        if args.overlong_shaping:
+            buffer = args.overlong_buffer or max(1, (max_new_tokens or 8) // 4)
+            cfg = "+reward.reward_kwargs.overlong_buffer_cfg."
+            lines += ["reward.reward_manager.name=dapo", f"+reward.reward_kwargs.max_resp_len={max_new_tokens or 8}",
+                      f"{cfg}enable=True", f"{cfg}len={buffer}", f"{cfg}penalty_factor=1.0", f"{cfg}log=False"]
+        if args.overlong_filtering:
+            lines.append("# --overlong-filtering: verl has no switch that masks truncated answers out of the loss")
+    if algorithm == "ppo":
+        lines += ["algorithm.use_kl_in_reward=True", f"algorithm.kl_ctrl.kl_coef={args.beta_kl}",
+                  f"algorithm.gamma={args.gamma}", f"algorithm.lam={args.lam}", f"{actor}ppo_epochs={args.epochs}",
+                  f"critic.ppo_epochs={args.epochs}", f"critic.optim.lr={args.critic_lr}",
+                  "critic.optim.weight_decay=0.0",
+                  f"critic.optim.clip_grad={args.max_grad_norm}", f"critic.cliprange_value={args.value_clip}",
+                  f"critic.ppo_micro_batch_size_per_gpu={micro}",
+                  f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"]
+        if P % k == 0:
+            lines.append(f"critic.ppo_mini_batch_size={P // k}")
+        if args.model:
+            lines.append(f"critic.model.path={args.model}")
+    if args.lora_r:
+        lines += [f"{model}lora_rank={args.lora_r}", f"{model}lora_alpha={args.lora_alpha}",
+                  f"{model}target_modules=all-linear"]
+        if algorithm == "ppo":
+            lines += [f"critic.model.lora_rank={args.lora_r}", f"critic.model.lora_alpha={args.lora_alpha}"]
+    if getattr(args, "routing_replay", False):
+        lines += ["# --routing-replay: verl replays experts only in its Megatron and VeOmni engines:",
+                  f"#   {actor}megatron.router_replay.mode=R2 or {actor}veomni.router_replay.mode=R2"]
+    if args.data or args.reward:
+        lines.append("# verl does not tell the reward whether an answer was cut off at the limit: it is scored as "
+                     "finished (here a cut answer scores 0)")
+        lines.append(f"reward.custom_reward_function.path={Path(__file__).resolve()}")
+        lines.append("reward.custom_reward_function.name=verl_reward")
+        if args.reward:
+            lines.append(f"+reward.custom_reward_function.reward_kwargs.reward={args.reward}")
+    return lines
+
+
+def verl_command(algorithm, args):
+    """--print-verl: the command, one override a line, with what to do first and what verl lacks as # lines."""
+    head = []
+    if args.data:
+        train, test = verl_data_paths(args)
+        head.append(f"# first, --data as verl's parquet: python {algorithm}.py --model {args.model} --data {args.data} "
+                    f"--eval-size {args.eval_size} --export-verl-data {Path(train).parent}")
+    if args.data or args.reward:
+        head.append(f"# run from {ROOT}: the reward (extras/graduate.py's verl_reward) imports common.py "
+                    f"from there")
+    overrides = verl_overrides(algorithm, args)
+    notes = [line for line in overrides if line.startswith("#")]
+    keys = [line for line in overrides if not line.startswith("#")]
+    return "\n".join(head + notes + ["python3 -m verl.trainer.main_ppo \\"] +
+                     [f"    {key} \\" for key in keys[:-1]] + [f"    {keys[-1]}"])
+
+
+def verl_reward(data_source, solution_str, ground_truth, extra_info=None, reward=None):
+    """verl's reward function signature, scoring as this project does: the answer reward, or with `reward` (verl's
+    +reward.custom_reward_function.reward_kwargs.reward=FILE.py:NAME) your --reward function. verl does not say
+    whether the answer was cut off at the length limit, so it counts as finished."""
+    return float((load_reward(reward) if reward else answer_reward)(solution_str, str(ground_truth), True))
+
+
+def trl_reward(max_new_tokens, reward=None):
+    """A reward function with TRL's signature (reward_funcs=[trl_reward(L)]) that scores as this project does: the
+    answer reward, or your --reward FILE.py:NAME, against the dataset's "answer" column, an answer cut off at the
+    limit L scoring 0. TRL gives the completion's token ids up to its end token: fewer than L means it ended (one
+    whose end token is exactly the L-th counts as cut off)."""
+    score = load_reward(reward) if reward else answer_reward
+
+    def reward_function(completions, answer, completion_ids, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]   # chat: the reply's text
+        return [float(score(text, str(a), len(ids) < max_new_tokens))
+                for text, a, ids in zip(texts, answer, completion_ids)]
+    reward_function.__name__ = score.__name__              # TRL logs each reward under its function's name
+    return reward_function
+
+
+def trl_config_kwargs(algorithm, args):
+    """GRPOConfig's keyword arguments for this run (TRL 1.16): P x G completions a generation, split into
+    --minibatches optimizer steps (steps_per_generation) of P x G / k completions each."""
+    P, G, k = args.prompts_per_step, args.group_size, args.minibatches
+    kwargs = {"num_generations": G, "per_device_train_batch_size": P * G // k, "steps_per_generation": k,
+              "gradient_accumulation_steps": 1, "num_iterations": 1, "learning_rate": args.lr,
+              "max_grad_norm": args.max_grad_norm, "temperature": args.temperature, "max_steps": args.steps * k,
+              "max_completion_length": args.max_new_tokens or 256, "seed": args.seed,
+              "gradient_checkpointing": args.gradient_checkpointing, "top_p": 1.0, "top_k": 0,
+              "lr_scheduler_type": "constant", "weight_decay": 0.0}
+    if algorithm == "grpo":
+        kwargs |= {"loss_type": "grpo", "epsilon": args.clip_eps, "epsilon_high": args.clip_eps, "beta": args.beta}
+    elif algorithm == "gspo":
+        kwargs |= {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": args.clip_eps_low,
+                   "epsilon_high": args.clip_eps_high, "beta": 0.0}
+    else:
+        # Token-level: "bnpo" divides by this minibatch's tokens, as dapo.py does (TRL's "dapo" by the average
+        # minibatch's: the same only with one minibatch).
+        kwargs |= {"loss_type": "bnpo" if args.token_level_loss else "grpo", "epsilon": args.clip_eps_low,
+                   "epsilon_high": args.clip_eps_high if args.clip_higher else args.clip_eps_low, "beta": 0.0,
+                   "mask_truncated_completions": args.overlong_filtering}
+    return kwargs
+
+
+def trl_code(algorithm, args):
+    """--print-trl: Python that builds GRPOConfig and GRPOTrainer with this run's settings."""
+    if algorithm == "ppo":
+        return "# TRL 1.16 has no PPO trainer (removed in 1.0); verl has one: python ppo.py ... --print-verl"
+    kwargs = trl_config_kwargs(algorithm, args)
+    notes = []
+    if algorithm == "dapo" and args.dynamic_sampling:
+        notes.append("# Dynamic Sampling: TRL has none (it trains on groups whose rewards are all equal: advantage 0)")
+    if getattr(args, "routing_replay", False):
+        notes.append("# --routing-replay: TRL has no Routing Replay")
+    if algorithm == "gspo" and args.token_level:
+        notes.append("# --token-level: TRL has GSPO's sequence level only; with one advantage per sequence, as here, "
+                     "GSPO-token is the same loss")
+    rewards = [f"graduate.trl_reward({kwargs['max_completion_length']}{f', {args.reward!r}' if args.reward else ''})"]
+    if algorithm == "dapo" and args.overlong_shaping:
+        buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
+        rewards.append(f"get_soft_overlong_punishment({kwargs['max_completion_length']}, {buffer})")
+    lines = notes + [
+        f"# run from {ROOT}, where common.py and extras/ are",
+        "from datasets import Dataset",
+        "from trl import GRPOConfig, GRPOTrainer",
+        *(["from trl.rewards import get_soft_overlong_punishment"] if len(rewards) > 1 else []),
+        *(["from peft import LoraConfig"] if args.lora_r else []),
+        "import common",
+        "from extras import graduate, hf_models",
+        "",
+        "config = GRPOConfig(",
+        '    output_dir="runs/trl",',
+        *[f"    {key}={value!r}," for key, value in kwargs.items()],
+        ")",
+    ]
+    if args.data:
+        lines += [f"train, held_out = common.split_eval(hf_models.read_jsonl({args.data!r}), {args.eval_size})",
+                  "to_rows = lambda rows: Dataset.from_list([{\"prompt\": [{\"role\": \"user\", \"content\": p}], "
+                  "\"answer\": a} for p, a in rows])"]
+    else:
+        lines.append("# the toy task is not a Hugging Face data set: give --model and --data")
+    lines += ["trainer = GRPOTrainer(",
+              f"    model={args.model or 'MODEL'!r},",
+              f"    reward_funcs=[{', '.join(rewards)}],",
+              "    args=config,",
+              "    train_dataset=to_rows(train)," if args.data else "    train_dataset=...,",
+              *([f"    peft_config=LoraConfig(r={args.lora_r}, lora_alpha={args.lora_alpha}, lora_dropout=0.0, "
+                 f"target_modules=\"all-linear\"),"] if args.lora_r else []),
+              ")", "trainer.train()"]
+    return "\n".join(lines)
+
+
+def export_verl_data(args):
+    """--export-verl-data DIR: --data's rows, split as the scripts split them (--eval-size held out), as the parquet
+    files verl reads: a chat `prompt`, `data_source`, and the answer in `reward_model.ground_truth`."""
+    check(args.data is not None, "--export-verl-data needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise UsageError("--export-verl-data needs pyarrow, which is not installed: pip install pyarrow") from None
+    train, held_out = common.split_eval(hf_models.read_jsonl(args.data), args.eval_size)
+    folder = Path(args.export_verl_data)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", train), ("test", held_out)):
+        table = pyarrow.Table.from_pylist([
+            {"data_source": "llm-rl-reference", "prompt": [{"role": "user", "content": prompt}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": answer}, "extra_info": {"split": name, "index": i}}
+            for i, (prompt, answer) in enumerate(rows)])
+        pyarrow.parquet.write_table(table, folder / f"{name}.parquet")
+    print(f"wrote {folder / 'train.parquet'} ({len(train)} rows) and {folder / 'test.parquet'} ({len(held_out)} rows)",
+          file=sys.stderr)

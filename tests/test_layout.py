@@ -1,0 +1,91 @@
+"""The shape the design promises: each loss function copies alone, and a toy run never imports a side module."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINIER
+
+import dapo
+import grpo
+import gspo
+import ppo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def random_batch(per_token_advantages, seed=0):
+    """logp, old_logp [4, 6] with ratios of about exp(+-0.3) (some clip, some not), completions of 6, 4, 2 and 5
+    tokens, and advantages [4] or [4, 6]."""
+    g = torch.Generator().manual_seed(seed)
+    old_logp = -torch.rand(4, 6, generator=g) * 3
+    logp = old_logp + 0.3 * torch.randn(4, 6, generator=g)
+    mask = (torch.arange(6) < torch.tensor([6, 4, 2, 5])[:, None]).float()
+    advantages = torch.randn(4, 6, generator=g) if per_token_advantages else torch.tensor([1.2, -0.7, 0.4, -1.5])
+    return logp, old_logp, advantages, mask
+
+
+CASES = [(grpo.policy_loss, {}), (grpo.policy_loss, {"ref_logp": "ref", "beta": 0.04}),
+         (gspo.policy_loss, {}), (gspo.policy_loss, {"clip_eps_low": 0.05, "clip_eps_high": 0.05}),
+         (gspo.policy_loss_token, {"per_token": True}), (dapo.policy_loss, {}),
+         (dapo.policy_loss, {"token_level": False}), (ppo.policy_loss, {"per_token": True})]
+
+
+@pytest.mark.parametrize("loss_fn, kwargs", CASES, ids=[f"{f.__module__}.{f.__name__}{kw}" for f, kw in CASES])
+def test_each_policy_loss_copied_alone_with_only_torch_gives_the_script_s_result(loss_fn, kwargs):
+    namespace = {"torch": torch}                                        # nothing from the project in scope
+    exec(inspect.getsource(loss_fn), namespace)
+    copied = namespace[loss_fn.__name__]
+    kwargs = dict(kwargs)
+    logp, old_logp, advantages, mask = random_batch(kwargs.pop("per_token", False))
+    if kwargs.get("ref_logp") == "ref":
+        kwargs["ref_logp"] = old_logp - 0.1
+    results = []
+    for fn in (loss_fn, copied):
+        x = logp.clone().requires_grad_(True)
+        loss, metrics = fn(x, old_logp, advantages, mask, **kwargs)
+        loss.backward()
+        results.append((loss, x.grad, metrics))
+    (loss, grad, metrics), (copied_loss, copied_grad, copied_metrics) = results
+    assert torch.equal(loss, copied_loss) and torch.equal(grad, copied_grad) and grad.abs().sum() > 0
+    assert metrics.keys() == copied_metrics.keys()
+    assert torch.equal(metrics.pop("clipped"), copied_metrics.pop("clipped"))
+    assert metrics == copied_metrics and 0 < metrics["clip_frac"] < 1     # some tokens clipped, not all
+
+
+def test_ppo_value_loss_copied_alone_with_only_torch_gives_the_script_s_result():
+    namespace = {"torch": torch}
+    exec(inspect.getsource(ppo.value_loss), namespace)
+    values, old_values, returns, mask = random_batch(per_token_advantages=True)
+    results = []
+    for fn in (ppo.value_loss, namespace["value_loss"]):
+        x = values.clone().requires_grad_(True)
+        loss = fn(x, old_values, returns, mask, 0.2)
+        loss.backward()
+        results.append((loss, x.grad))
+    (loss, grad), (copied_loss, copied_grad) = results
+    assert torch.equal(loss, copied_loss) and torch.equal(grad, copied_grad) and grad.abs().sum() > 0
+
+
+def test_a_default_toy_run_imports_no_side_module_and_no_transformers(tmp_path):
+    # In a process of its own: this test session has imported extras/ and transformers already.
+    code = ("import json, sys, grpo\n"
+            f"grpo.main({TINIER + ['--out', str(tmp_path / 'run')]!r})\n"
+            "side = [m for m in sys.modules if m.split('.')[0] in ('extras', 'transformers', 'peft')]\n"
+            "print(json.dumps(sorted(side)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=os.environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    assert (tmp_path / "run" / "model").is_dir()                        # the run went to its end
+
+
+def test_the_readme_says_what_a_copier_takes_in_lines():
+    lines = lambda *names: sum(len((ROOT / name).read_text().splitlines()) for name in names)
+    toy = lines("grpo.py", "common.py", "moe_model.py")
+    real = lines(*[f"extras/{name}" for name in ("__init__.py", "hf_models.py", "hf_routing.py", "rewards.py")])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({toy:,} lines with `grpo.py`)" in readme and f"`graduate.py` ({real:,} more)" in readme
