@@ -138,7 +138,7 @@ def sampling_mode(model):
     model.eval()
     if not isinstance(model, MoETransformer):
         from extras import hf_routing
-        hf_routing.set_replay(model, None)                  # sampling routes freely (a Hugging Face MoE model)
+        hf_routing.set_replay(model, None)              # sampling routes freely (a Hugging Face MoE model)
     try:
         with autocast(next(model.parameters()).device):
             yield
@@ -266,7 +266,7 @@ def trunk(model, tokens, attention_mask, routing=None):
     if isinstance(model, MoETransformer):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
-    from extras import hf_routing                                       # --model: the routers of a Hugging Face MoE
+    from extras import hf_routing                                   # --model: the routers of a Hugging Face MoE
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
