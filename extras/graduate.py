@@ -188,7 +188,8 @@ def trl_config_kwargs(algorithm, args):
 
 
 def trl_code(algorithm, args):
-    """--print-trl: Python that builds GRPOConfig and GRPOTrainer with this run's settings."""
+    """--print-trl: Python that builds GRPOConfig and GRPOTrainer with this run's settings and trains, on a GPU or the
+    CPU, with or without a chat template."""
     if algorithm == "ppo":
         return "# TRL 1.16 has no PPO trainer (removed in 1.0); verl has one: python ppo.py ... --print-verl"
     kwargs = trl_config_kwargs(algorithm, args)
@@ -204,28 +205,38 @@ def trl_code(algorithm, args):
     if algorithm == "dapo" and args.overlong_shaping:
         buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
         rewards.append(f"get_soft_overlong_punishment({kwargs['max_completion_length']}, {buffer})")
+    model = args.model or "MODEL"
     lines = notes + [
         f"# run from {ROOT}, where common.py and extras/ are",
+        "import torch",
         "from datasets import Dataset",
+        *(["from transformers import AutoTokenizer"] if args.data else []),
         "from trl import GRPOConfig, GRPOTrainer",
         *(["from trl.rewards import get_soft_overlong_punishment"] if len(rewards) > 1 else []),
         *(["from peft import LoraConfig"] if args.lora_r else []),
         "import common",
         "from extras import graduate, hf_models",
         "",
+        "gpu = torch.cuda.is_available()  # bf16 autocast on a GPU, else fp32 on the CPU, as the scripts do",
         "config = GRPOConfig(",
         '    output_dir="runs/trl",',
+        "    bf16=gpu,",
+        "    use_cpu=not gpu,",
         *[f"    {key}={value!r}," for key, value in kwargs.items()],
         ")",
     ]
     if args.data:
-        lines += [f"train, held_out = common.split_eval(hf_models.read_jsonl({args.data!r}), {args.eval_size})",
-                  "to_rows = lambda rows: Dataset.from_list([{\"prompt\": [{\"role\": \"user\", \"content\": p}], "
-                  "\"answer\": a} for p, a in rows])"]
+        # TRL's conversational rows raise without a chat template: there the scripts feed the plain prompt.
+        lines += [f"tokenizer = AutoTokenizer.from_pretrained({model!r})",
+                  f"train, held_out = common.split_eval(hf_models.read_jsonl({args.data!r}), {args.eval_size})",
+                  "# a chat turn where the model has a chat template, else the plain prompt, as the scripts do",
+                  "chat = lambda p: [{\"role\": \"user\", \"content\": p}] if tokenizer.chat_template else p",
+                  "to_rows = lambda rows: Dataset.from_list([{\"prompt\": chat(p), \"answer\": a} for p, a in rows])"]
     else:
         lines.append("# the toy task is not a Hugging Face data set: give --model and --data")
     lines += ["trainer = GRPOTrainer(",
-              f"    model={args.model or 'MODEL'!r},",
+              f"    model={model!r},",
+              *(["    processing_class=tokenizer,"] if args.data else []),
               f"    reward_funcs=[{', '.join(rewards)}],",
               "    args=config,",
               "    train_dataset=to_rows(train)," if args.data else "    train_dataset=...,",

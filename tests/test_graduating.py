@@ -1,8 +1,11 @@
 """docs/models.md's "Graduating to TRL or verl" table and ppo.py's verl defaults, checked against the installed verl
-and TRL: `pip install --no-deps verl==0.9.1 trl==1.16.0` is enough (CI does it); without them those checks skip."""
+and TRL: `pip install --no-deps verl==0.9.1 trl==1.16.0` is enough (CI does it), and `pip install datasets==5.2.0`
+runs the printed TRL program; without them those checks skip."""
 import ast
 import dataclasses
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -301,8 +304,7 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
     code = printed(script, flags, capsys, "--print-trl")
     call = re.search(r"^config = (GRPOConfig\(.*?^\))", code, re.S | re.M).group(1)
-    config = eval(call.replace('output_dir="runs/trl",', 'output_dir="runs/trl", use_cpu=True,'),
-                  {"GRPOConfig": GRPOConfig})
+    config = eval(call, {"GRPOConfig": GRPOConfig, "gpu": torch.cuda.is_available()})
     eps_low = args.clip_eps if script is grpo else args.clip_eps_low
     eps_high = (args.clip_eps if script is grpo else args.clip_eps_high if script is gspo or args.clip_higher
                 else args.clip_eps_low)
@@ -317,6 +319,46 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     assert ("peft_config=LoraConfig(r=8" in code) == bool(args.lora_r)
     shaping = script is dapo and args.overlong_shaping           # dapo.py's buffer: a quarter of the limit by default
     assert shaping == (f"get_soft_overlong_punishment(512, {shaping and (args.overlong_buffer or 128)})" in code)
+
+
+@pytest.mark.parametrize("script, fixture, chat", [(grpo, "hf_dense", False), (dapo, "hf_chat", True)])
+def test_the_printed_trl_program_trains_as_printed_on_the_cpu(script, fixture, chat, request, jsonl, tmp_path,
+                                                              capsys):
+    # The printed program, run unchanged in a process of its own, offline, on the CPU, on a tiny model without and
+    # with a chat template (dapo.py's adds TRL's overlong punishment): one generation, two optimizer steps. A random
+    # model scores 0 on every answer (advantage 0, no update), so a reward of your own (--reward) that differs between
+    # completions gives the steps a gradient.
+    pytest.importorskip("trl", reason="trl is not installed (pip install --no-deps trl==1.16.0)")
+    for name in ("accelerate", "datasets", "pandas"):   # what GRPOTrainer needs that --no-deps left out
+        pytest.importorskip(name, reason=f"{name} is not installed: TRL's trainer needs it (pip install peft "
+                                         f"datasets==5.2.0, as .ci/run)")
+    model = request.getfixturevalue(fixture)
+    (tmp_path / "mine.py").write_text("def score(completion, answer, finished):\n"
+                                      "    return float(sum(map(ord, completion)) % 5)\n")
+    script.main(["--model", str(model), "--data", str(jsonl), "--eval-size", "5", "--steps", "1",
+                 "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2", "--max-new-tokens", "8",
+                 "--reward", f"{tmp_path / 'mine.py'}:score", "--print-trl"])
+    (tmp_path / "train_trl.py").write_text(capsys.readouterr().out)
+    # Run where the program's imports resolve (it says to run from the repository; output_dir is relative: here
+    # tmp_path), and tell from its namespace what it trained on and its trainer's last log (the training summary).
+    code = ("import json, runpy\n"
+            "trainer = runpy.run_path('train_trl.py', run_name='__main__')['trainer']\n"
+            "print(json.dumps([type(trainer.train_dataset[0]['prompt']).__name__, trainer.state.log_history[-1]]))")
+    # One thread: a model this small gains nothing from more, and on a busy machine their waits cost seconds (4.5 s
+    # of training with 2 threads on 2 shared cores, 0.05 s with one).
+    env = os.environ | {"PYTHONPATH": str(graduate.ROOT), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+                        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    prompt, log = json.loads(out.stdout.splitlines()[-1])
+    assert prompt == ("list" if chat else "str")                      # chat turns only where there is a template
+    assert log["step"] == 2 and log["reward_std"] > 0                 # the reward differed within groups
+    checkpoint = tmp_path / "runs" / "trl" / "checkpoint-2"          # saved at max_steps = --steps x --minibatches
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 2
+    from safetensors.torch import load_file
+    before, after = load_file(Path(model) / "model.safetensors"), load_file(checkpoint / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[name], after[name]) for name in before), "no weight changed"
 
 
 def same(a, b):
