@@ -617,14 +617,17 @@ def evaluate(model, world, batch_size=512):
     """Greedy on the fixed held-out set: the accuracy (mean reward) and the share of answers cut off at the length
     limit (a truncated answer scores 0, so accuracy / (1 - truncated) is the accuracy among finished answers). A run
     evaluates batch_size = its rollout batch (prompts x group size) at a time: the KV cache of the rollout's
-    generation, no more (500 prompts of up to 512 new tokens at once would be tens of GB for a 0.6 B model)."""
-    correct = truncated = 0.0
+    generation, no more (500 prompts of up to 512 new tokens at once would be tens of GB for a 0.6 B model).
+    eval_correct says which problems it answered right: "0110...", one character a held-out prompt in world.eval's
+    order, 1 where the reward is 1, so that two runs can be compared problem by problem (Run keeps it apart)."""
+    rewards, truncated = [], 0.0
     for start in range(0, len(world.eval), batch_size):
         rows = world.eval[start:start + batch_size]
         rollout = generate(model, world, [p for p, _ in rows], 1, 1.0, greedy=True)
-        correct += rewards_of(world, rollout, [a for _, a in rows], 1).sum().item()
+        rewards += rewards_of(world, rollout, [a for _, a in rows], 1).tolist()
         truncated += (~rollout.finished).sum().item()
-    return {"eval_accuracy": correct / len(world.eval), "eval_truncated_frac": truncated / len(world.eval)}
+    return {"eval_accuracy": sum(rewards) / len(world.eval), "eval_truncated_frac": truncated / len(world.eval),
+            "eval_correct": "".join("1" if r == 1 else "0" for r in rewards)}
 
 
 def rollout_metrics(rewards, rollout):
@@ -866,12 +869,16 @@ class Run:
               "--resume DIR continues in DIR; leave out --out (or give the same folder)")
         self.out = Path(args.resume or args.out or new_run_folder(algorithm, args))
         self.metrics_path, self.checkpoint_path = self.out / "metrics.jsonl", self.out / "checkpoint.pt"
+        self.correct_path = self.out / "eval_correct.jsonl"
         self.bad_steps, self.stop_signal = 0, None
         self.eval_batch = args.prompts_per_step * args.group_size     # no larger than a rollout batch
         if args.resume:
             self.start = self.load()
             self.history = [r for r in self.read_metrics() if r["step"] <= self.start]  # drop steps after it
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            correct = self.correct_path.read_text().splitlines() if self.correct_path.exists() else []
+            self.correct_path.write_text("".join(line + "\n" for line in correct if line.endswith("}")  # not torn
+                                             and json.loads(line)["step"] <= self.start))
             print(f"resuming {self.checkpoint_path} at step {self.start}")
         else:
             check(not self.checkpoint_path.exists(),
@@ -884,6 +891,7 @@ class Run:
             self.start, self.history = 0, []
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
+            self.correct_path.write_text("")
             self.write({"step": 0, **evaluate(self.policy, world, self.eval_batch)})
             print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
                   f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
@@ -939,6 +947,11 @@ class Run:
             self.save(step)
 
     def write(self, record):
+        """The step's record to metrics.jsonl; with an evaluation, the problems it answered right to
+        eval_correct.jsonl, a line {"step", "correct"} an evaluation."""
+        if "eval_correct" in record:
+            with open(self.correct_path, "a") as f:
+                f.write(json.dumps({"step": record["step"], "correct": record.pop("eval_correct")}) + "\n")
         self.history.append(record)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -178,7 +178,8 @@ def test_a_second_run_leaves_the_first_untouched(tmp_path, monkeypatch):
     files = lambda: {str(f.relative_to(first)): f.read_bytes() for f in first.rglob("*") if f.is_file()}
     before = files()
     assert first.name.startswith("grpo-add-") and set(before) == {
-        "metrics.jsonl", "checkpoint.pt", "model/config.json", "model/model.safetensors", "model/vocab.json"}
+        "metrics.jsonl", "eval_correct.jsonl", "checkpoint.pt", "model/config.json", "model/model.safetensors",
+        "model/vocab.json"}
     run(grpo, TINY_NO_STEPS + ["--steps", "2", "--seed", "1"])
     assert len(list((tmp_path / "runs").iterdir())) == 2
     assert files() == before
@@ -281,7 +282,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_afresh_in_its_folder(f
         code, _ = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path)], capsys)
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert code == 130 and [f.name for f in tmp_path.iterdir()] == ["metrics.jsonl"]
+    assert code == 130 and sorted(f.name for f in tmp_path.iterdir()) == ["eval_correct.jsonl", "metrics.jsonl"]
     monkeypatch.setattr(common, "evaluate", real_evaluate)
     code, err = run(grpo, TINY_NO_STEPS + ["--steps", "2", "--resume", str(tmp_path)], capsys)
     assert code == 2 and f"no checkpoint.pt in that folder (to start a run there afresh: --out {tmp_path})" in err
@@ -324,3 +325,21 @@ def test_evaluation_generates_no_more_rows_at_once_than_a_rollout_batch(tmp_path
     grpo.main(TINIER[:-2] + ["--eval-size", "20", "--out", str(tmp_path)])
     assert [n for n, greedy in sizes if greedy] == [8, 8, 4] * 2        # at step 0 and after the last
     assert [n for n, greedy in sizes if not greedy] == [8, 8]            # the two steps' rollouts
+
+
+def test_each_evaluation_records_which_problems_it_answered_right_and_resume_keeps_them(tmp_path):
+    assert run(grpo, TINY_NO_STEPS + ["--steps", "3", "--out", str(tmp_path)])[0] == 0   # evaluations at 0, 2, 3
+    correct = tmp_path / "eval_correct.jsonl"
+    lines = [json.loads(line) for line in correct.read_text().splitlines()]
+    evals = [r for r in read_metrics(tmp_path) if "eval_accuracy" in r]
+    assert [line["step"] for line in lines] == [r["step"] for r in evals] == [0, 2, 3]
+    for line, r in zip(lines, evals):                                  # 16 held-out prompts, a character each
+        assert len(line["correct"]) == 16 and set(line["correct"]) <= {"0", "1"} and "eval_correct" not in r
+        assert line["correct"].count("1") / 16 == r["eval_accuracy"]
+    # A line after the checkpoint's step (a run killed later) and a torn one go; the resumed run writes its own.
+    correct.write_text(correct.read_text() + '{"step": 5, "correct": "1111111111111111"}\n{"step": 6, "corr')
+    assert run(grpo, TINY_NO_STEPS + ["--steps", "5", "--resume", str(tmp_path)])[0] == 0
+    resumed = [json.loads(line) for line in correct.read_text().splitlines()]
+    assert [line["step"] for line in resumed] == [0, 2, 3, 4, 5] and resumed[:3] == lines
+    final = [r for r in read_metrics(tmp_path) if "eval_accuracy" in r][-1]
+    assert resumed[-1]["correct"].count("1") / 16 == final["eval_accuracy"]
