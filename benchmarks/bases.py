@@ -2,6 +2,7 @@
 
     python benchmarks/bases.py            # every base the study and the long experiment start from
     python benchmarks/bases.py --only "chain 24"
+    python benchmarks/bases.py --report   # bases.md again from its rows, measuring nothing
 
 For each base (task, chain length, model), the warm start (common.warm_start) from an empty cache with its
 seed 0, 1 and 2 on one CPU thread, and seed 0 on two: the greedy accuracy each stops at on the 500 held-out
@@ -35,6 +36,16 @@ BASES = {"add": ("add", None, {}), "progression": ("progression", None, {}),
          **{f"chain {n} dense toy": ("chain", n, {"n_experts": 1}) for n in (2, 10, 24)},
          "chains 24": ("chains", 24, {})}
 TRIALS = [(0, 1), (1, 1), (2, 1), (0, 2)]   # (warm-start seed, CPU threads)
+HEADER = ["base", "completion tokens"] + [f"seed {s}, {t} thread{'s' * (t > 1)}" for s, t in TRIALS] + [
+    "spread", "seconds (seed 0: 1 / 2 threads)"]
+
+
+def tokens(label):
+    """A base's completion lengths in tokens (the answer and EOS), from its task's problems: '2-4', '44'."""
+    task, length, _ = BASES[label]
+    toy = common.TASKS[task]
+    sizes = {len(answer) + 1 for _, answer in (toy.problems(length) if toy.sized else toy.problems())}
+    return f"{min(sizes)}-{max(sizes)}" if len(sizes) > 1 else str(min(sizes))
 
 
 def build(task, length, model, seed, threads):
@@ -56,21 +67,20 @@ def build(task, length, model, seed, threads):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(BASES), help=f"bases, comma-separated: {', '.join(BASES)}")
+    parser.add_argument("--report", action="store_true", help="only rewrite bases.md from its rows")
     args = parser.parse_args(argv)
-    labels = bench.only(parser, args.only, BASES, "base")
-    header = ["base", "completion tokens"] + [f"seed {s}, {t} thread{'s' * (t > 1)}" for s, t in TRIALS] + [
-        "spread", "seconds (seed 0: 1 / 2 threads)"]
+    labels = [] if args.report else bench.only(parser, args.only, BASES, "base")
     rows = measured()                                    # the bases measured before: kept unless measured again
+    if args.report:
+        write(rows)
     for label in labels:
         task, length, model = BASES[label]
         results = [build(task, length, model, seed, threads) for seed, threads in TRIALS]
         accs = [a for a, _ in results]
-        tokens = ("3-4" if task == "add" else "2-24" if task == "progression" else
-                  str(4 * length + 4) if task == "chain" else f"8-{4 * length + 4}")
-        rows[label] = "| " + " | ".join([label, tokens] + [f"{a:.3f}" for a in accs] + [
+        rows[label] = "| " + " | ".join([label, tokens(label)] + [f"{a:.3f}" for a in accs] + [
             f"{max(accs) - min(accs):.3f}", f"{results[0][1]:.0f} / {results[3][1]:.0f}"]) + " |"
         print(rows[label], flush=True)
-        write(header, rows)                              # after each base: a run cut short keeps what it measured
+        write(rows)                                      # after each base: a run cut short keeps what it measured
     print(f"wrote {RESULTS / 'bases.md'}")
 
 
@@ -82,7 +92,10 @@ def measured():
     return {label: row for label, row in rows.items() if label in BASES}
 
 
-def write(header, rows):
+def write(rows):
+    """bases.md from its rows, each with its completion tokens as the code makes them."""
+    rows = {label: " | ".join([row.split(" | ")[0], tokens(label)] + row.split(" | ")[2:])
+            for label, row in rows.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bases.md").write_text(
         "# The warm-started bases\n\n"
@@ -91,7 +104,7 @@ def write(header, rows):
         "accuracy on the 500 held-out prompts where each warm start stopped (its target: 0.40, on an EMA of the "
         "weights), from an empty cache, for warm-start seeds 0-2 on one thread and seed 0 on two; seconds of the "
         "warm start alone. The rule: spread 0.03 or less; `chain` at most 2 minutes on 2 cores.\n\n"
-        + "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        + "\n".join(["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
                      + [rows[label] for label in BASES if label in rows]) + "\n")
 
 

@@ -1,7 +1,11 @@
-"""What the benchmark scripts share: running an algorithm script, the tiny Hugging Face MoE, a figure's file, --only."""
+"""What the benchmark scripts share: running an algorithm script, the tiny Hugging Face MoE, a figure's file, --only,
+and the rule that turns a claim's numbers into its verdict."""
+import importlib.util
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -111,3 +115,68 @@ def only(parser, given, choices, what):
     if unknown:
         parser.error(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(choices)}")
     return names
+
+
+def require(module, why):
+    """At the start, not after hours of runs: one line on stderr and exit 2 when `module` is not installed."""
+    if importlib.util.find_spec(module) is None:
+        print(f"{Path(sys.argv[0]).name} needs {module} ({why}): pip install -r benchmarks/requirements.txt",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verdicts: one rule for real.md, long.md and benchmarks/README.md
+
+RULE = ("**Verdicts.** A claim's verdict is one of four outcomes. *Holds here* / *does not hold here*: the difference "
+        "the claim predicts is more than two standard errors from zero, in its direction / against it. "
+        "*Inconclusive*: within two standard errors (exactly two is within). *Not testable here*: the setting cannot "
+        "show the mechanism (the claim says why). A difference in held-out accuracy has the held-out evaluation's "
+        "standard error: *paired* where every run of both arms recorded which problems it answered right "
+        "(eval_correct.jsonl): over the same n problems, each problem's share of A's runs right minus B's, the "
+        "standard error of their mean, `sqrt(sum (d_i - mean)^2) / n` (McNemar's for one run each); else *unpaired*, "
+        "binomial from the two means, `sqrt(p_A (1 - p_A) / n + p_B (1 - p_B) / n)`. A quantity measured in training "
+        "(explained variance, token-ratio variance) has its standard error over seeds, `sqrt(s_A^2 / k_A + "
+        "s_B^2 / k_B)` (none from one seed).")
+
+
+def verdict(difference, error, testable=True):
+    """RULE's outcome for a claim that predicts difference > 0."""
+    if not testable:
+        return "not testable here"
+    if not abs(difference) > 2 * error:                    # exactly two standard errors is within; so is nan
+        return "inconclusive"
+    return "holds here" if difference > 0 else "does not hold here"
+
+
+def seeds_error(a, b=()):
+    """The standard error over seeds of mean(a) - mean(b), or of mean(a) alone: infinite from a single seed."""
+    var = lambda values: statistics.variance(values) / len(values) if len(values) > 1 else math.inf
+    return math.sqrt(var(a) + (var(b) if b else 0.0))
+
+
+def held_out_difference(a, b, n):
+    """(mean final accuracy of runs a minus b's, its standard error, paired?) by RULE. a, b: [(final accuracy,
+    the final evaluation's per-problem record "0110..." or None)], evaluated on the same n held-out problems."""
+    pa, pb = statistics.fmean(acc for acc, _ in a), statistics.fmean(acc for acc, _ in b)
+    if all(record is not None and len(record) == n for _, record in [*a, *b]):
+        share = lambda runs, i: statistics.fmean(record[i] == "1" for _, record in runs)
+        d = [share(a, i) - share(b, i) for i in range(n)]
+        mean = statistics.fmean(d)
+        return mean, math.sqrt(sum((x - mean) ** 2 for x in d)) / n, True
+    return pa - pb, math.sqrt(pa * (1 - pa) / n + pb * (1 - pb) / n), False
+
+
+def difference_text(difference, error, paired=None):
+    """'+0.031 ± 0.045' (and 'paired' or 'unpaired'), in bold when beyond two standard errors."""
+    text = f"{difference:+.3f} ± {error:.3f}"
+    text = f"**{text}**" if abs(difference) > 2 * error else text
+    return text + ("" if paired is None else ", paired" if paired else ", unpaired")
+
+
+def final_correct(out, step):
+    """The per-problem record ("0110...") of a run's evaluation at `step` (its eval_correct.jsonl), or None: runs
+    recorded before the scripts wrote it have none."""
+    path = out / "eval_correct.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return next((line["correct"] for line in reversed(lines) if line["step"] == step), None)

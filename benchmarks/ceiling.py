@@ -109,7 +109,8 @@ def main():
     lines += ["", "## 3. signal: 8 samples at temperature 1 for each of the 500 held-out prompts", "",
               "| model | greedy acc | sampled acc | groups with a signal | all wrong | all right | greedy-wrong "
               "prompts with a right sample |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for label, model in (("the base", base), ("`python grpo.py` at its end (2400 steps)", moe_model.load(end / "model"))):
+    for label, model in (("the base", base),
+                         ("`python grpo.py` at its end (2400 steps)", moe_model.load(end / "model"))):
         s = signal(model.eval(), world)
         lines.append(f"| {label} | {s['greedy']:.3f} | {s['sampled']:.3f} | {s['signal']:.3f} | {s['all_wrong']:.3f} "
                      f"| {s['all_right']:.3f} | {s['rescued']:.3f} |")

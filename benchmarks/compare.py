@@ -1,7 +1,8 @@
 """The study: the four algorithms side by side on the toy MoE, several seeds each.
 
-    python benchmarks/compare.py            # the full study, 72 runs: 56 min on 2 quiet CPU cores
-    python benchmarks/compare.py --quick    # a smoke run of every experiment, a few minutes
+    pip install -r benchmarks/requirements.txt   # matplotlib for the figures (checked at the start)
+    python benchmarks/compare.py            # main, length, stress, depth, fine, hf-moe: 72 runs, 56 min on 2 cores
+    python benchmarks/compare.py --quick    # a smoke run of those six, a few minutes (--only NAME for the others)
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 99 runs
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
@@ -56,7 +57,7 @@ ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss",
 FINE = ["--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"]   # the fine-grained toy MoE
 ARMS = [("ppo", "ppo.py", []), ("grpo", "grpo.py", []), ("grpo + replay", "grpo.py", ["--routing-replay"]),
         ("gspo", "gspo.py", []), ("dapo", "dapo.py", [])]
-LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr default (tests/test_benchmarks.py checks it)
+LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr on the toy (tests/test_benchmarks.py checks)
 MODELS = {"toy MoE": [], "fine toy": FINE}
 # The long experiment's --chain-length per model: completions of 12, 44 and 100 tokens. The fine toy's steps cost
 # 2.8-5.3x the toy MoE's (150 steps of grpo at 12 tokens: 68 s against 23 s), so at 100 tokens its 15 runs would add
@@ -145,7 +146,8 @@ EXPERIMENTS = {
         ("gspo", "gspo.py", [])]),
     # Where each algorithm breaks: the policy's --lr at 1, 3, 10 and 30 times the default (ppo's critic keeps its
     # own), on both toy MoEs. Nothing else changes, for every arm alike.
-    "lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} {model}", script, flags + ["--lr", f"{DEFAULT_LR * k:g}"] + more)
+    "lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} {model}", script,
+                                        flags + ["--lr", f"{DEFAULT_LR * k:g}"] + more)
                                        for model, more in MODELS.items() for arm, script, flags in ARMS
                                        for k in LR_TIMES]),
     # The papers' claims where they live: answers of 12, 44 and 100 tokens (`--task chain`). Its own file,
@@ -362,11 +364,13 @@ TITLES = {
     "time_old_logp": ("old log-probs", "{:.3f}"), "time_update": ("update (+ critic)", "{:.3f}"),
     "time_critic": ("of which critic", "{:.3f}"),
     "train_seconds": ("training seconds", "{:.0f}"),
-    "wall_seconds": ("wall seconds, whole process from an empty cache", "{:.0f}"), "peak_memory_mb": ("peak MB", "{:.0f}"),
+    "wall_seconds": ("wall seconds, whole process from an empty cache", "{:.0f}"),
+    "peak_memory_mb": ("peak MB", "{:.0f}"),
     "completions_per_step": ("completions/step", "{:.0f}"),
     "ratio_var_q1": ("token-ratio var, first quarter", "{:.3g}"),
     "ratio_var_q4": ("token-ratio var, last quarter", "{:.3g}"),
-    "expert_drift": ("expert drift", "{:.4f}"), "drift_q1": ("routing drift, first quarter", "{:.4f}"), "drift_q4": ("routing drift, last quarter", "{:.4f}"),
+    "expert_drift": ("expert drift", "{:.4f}"), "drift_q1": ("routing drift, first quarter", "{:.4f}"),
+    "drift_q4": ("routing drift, last quarter", "{:.4f}"),
     "clip_q1": ("clip frac, first quarter", "{:.4f}"), "clip_q4": ("clip frac, last quarter", "{:.4f}"),
     "ev_q1": ("critic explained variance, first quarter", "{:.3f}"),
     "ev_q4": ("critic explained variance, last quarter", "{:.3f}"),
@@ -383,9 +387,9 @@ COLUMNS = {name: keys.split() for name, keys in {
               "steps_to_target seconds_per_step completions_per_step",
     "stress": f"final sampled_accuracy_end clip_frac {ROUTING} grad_norm_max seconds_per_step",
     "depth": "base routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean final seconds_per_step",
-    "long": "final fell ended at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift expert_drift "
-            "drift_q1 drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end seconds_per_step "
-            "completions_per_step",
+    "long": "final fell ended at_equal_completions steps_to_target clip_frac clip_q1 clip_q4 routing_drift "
+            "expert_drift drift_q1 drift_q4 ratio_var_mean ratio_var_q1 ratio_var_q4 ev_q1 ev_q4 length_end "
+            "seconds_per_step completions_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
 # What the sampled column and curves show: accuracy, except hf-moe's partial-credit reward (a random model never
@@ -415,6 +419,8 @@ def collect(name, seeds, quick):
             rows[-1]["stopped"] = stop_line(o) is not None   # its last row says whether the run stopped on purpose
             wall = o / "wall_seconds"
             rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None
+            last = [r for r in rows if "eval_accuracy" in r][-1]
+            rows[-1]["correct"] = bench.final_correct(o, last["step"])   # which problems it got right, if recorded
     return found
 
 
@@ -661,7 +667,8 @@ def long_claims(runs):
             for arm in arms:
                 cells = []
                 for t in tokens:
-                    seeds = next((s for label, s in groups.get((model, t, ""), {}).items() if LONG[label][0] == arm), [])
+                    seeds = next((s for label, s in groups.get((model, t, ""), {}).items()
+                                  if LONG[label][0] == arm), [])
                     rows = [summarise(rs) for rs in seeds]
                     cells.append("—" if not rows else fell_cell(rows) if key == "fell" else
                                  ended_cell(rows) if key == "ended" else
@@ -696,8 +703,9 @@ def long_report(runs, quick, results):
              "**Instability criterion, fixed before the runs** (compare.fell, as in the lr experiment): a run *fell* "
              "when its greedy accuracy fell more than 0.10 below its base (the step-0 evaluation) and stayed there: "
              "every evaluation from the first such one to the last. Beside it, added after the runs: the seeds that "
-             "*ended* more than 0.10 below their base (the last evaluation), fallen or not. The *stressed* runs take twice the updates per "
-             f"rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about twice as far (routing drift "
+             "*ended* more than 0.10 below their base (the last evaluation), fallen or not. The *stressed* runs take "
+             f"twice the updates per rollout batch (`{' '.join(STRESSED)}`), which moves the fine toy's routing about "
+             "twice as far (routing drift "
              "0.057 -> 0.105 in 20-step pilots; the GSPO paper's ~10% of experts is out of the toy's reach: 3-10x the "
              "lr reaches an expert drift of 0.025-0.038 and falls to 0 greedy accuracy within 20 steps). The "
              "*mixed lengths* runs (`--task chains`) put chains of every length up to the longest into each batch: at "
@@ -713,24 +721,18 @@ def long_report(runs, quick, results):
         lines += [f"## {group_title(model, tokens, variant)}", "",
                   f"Base greedy accuracy {base:.3f}; " + (f"half-gap target {target:.3f}." if target
                                                           else "no run ended above the base."), ""] + rows + [""]
-    lines += ["## The claims, quantity by length", "", "docs/long-answers.md's claims table reads these rows (unstressed runs; "
+    lines += ["## The claims, quantity by length", "", "docs/long-answers.md's claims table reads these rows "
+              "(unstressed runs; "
               "claim d is the mixed-lengths table above, claim c under stress the stressed one).", ""]
     lines += long_claims(runs) + [""]
-    lines += ["**How the verdicts (docs/long-answers.md, README) are read from these rows** (written down after the toy MoE's runs, before the "
-              "fine toy's). Two means differ when they are further apart than the larger of their two stds over "
-              "seeds; a claim *holds here* when its direction shows on every model measured, *does not hold here* "
-              "when it shows on none, *mixed* otherwise. (a) the critic's last-quarter explained variance below its "
-              "first-quarter one at the model's longest length, and PPO's lead over GRPO in final greedy accuracy "
-              "smaller at the longest length than at 12 tokens, gone or reversed; (b) GRPO's token-ratio variance "
-              "higher at the longest length than at 12 tokens on an MoE (and not on the dense toy), and not so with "
-              "replay or GSPO; (c) GRPO falls in more seeds than both GRPO + replay and GSPO, at the longest length "
-              "or stressed; (d) the token-level loss ends above the per-sequence mean on mixed lengths; (e) GSPO's "
-              "clip fraction 10x GRPO's or more, and its final greedy accuracy not below GRPO's, at every length.", ""]
+    lines += ["## Verdicts", "", bench.RULE + f" Here n = {held_out('long', quick)} held-out problems.", "",
+              VERDICTS, ""] + long_verdicts(runs, held_out("long", quick)) + [""]
     long_figure(runs, results / "long.png")
     long_claims_figure(runs, results / "long-claims.png")
     lines += ["## Figures", "", "Greedy accuracy per arm, model and length (mean over seeds, band ± 1 std, dashed: "
               "the base):", "", "![long](long.png)", "", "Each claim's quantity against the completion length "
-              "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy, dotted: dense toy):", "", "![long-claims](long-claims.png)",
+              "(mean ± 1 std over seeds; solid: toy MoE, dashed: fine toy, dotted: dense toy):", "",
+              "![long-claims](long-claims.png)",
               "", "## Every run's command", "", f"Each with `--seed S --out DIR`, seeds "
               f"{', '.join(map(str, sorted({rs[-1].get('seed') for s in runs.values() for rs in s})))}.", "",
               "| run | command |", "| --- | --- |"]
@@ -772,7 +774,8 @@ def long_claims_figure(runs, path):
     fig, axes = bench.subplots(2, 2, figsize=(12, 8))
     style = {"toy MoE": "-", "fine toy": "--", "dense toy": ":"}
     for ax, key, title, only, yscale in (
-            (axes[0, 0], ("ev_q1", "ev_q4"), "(a) PPO's critic: explained variance, first (o, blue) and last (s, cyan) quarter",
+            (axes[0, 0], ("ev_q1", "ev_q4"),
+             "(a) PPO's critic: explained variance, first (o, blue) and last (s, cyan) quarter",
              ("ppo",), "linear"),
             (axes[0, 1], ("final",), "(a, c, e) final greedy accuracy", None, "linear"),
             (axes[1, 0], ("ratio_var_mean",), "(b) token-ratio variance, mean over steps",
@@ -799,6 +802,118 @@ def long_claims_figure(runs, path):
         ax.legend(fontsize=6)
     fig.suptitle("long: each claim's quantity against the completion length, mean ± 1 std over seeds")
     bench.save_figure(fig, path, dpi=80)
+
+
+VERDICTS = (
+    "How each claim is read, on each model, from the rows above (docs/long-answers.md and README give the "
+    "verdicts). The differences each claim predicts: (a) the critic's explained variance over the first quarter "
+    "minus the last, at the model's longest length (not testable where the first quarter's is within two standard "
+    "errors of 0: a critic that knows nothing cannot know late positions worse); PPO's lead over GRPO in final "
+    "greedy accuracy at the shortest length minus at the longest; (b) GRPO's token-ratio variance at the longest "
+    "length minus at the shortest, on an MoE, holding only if replay's and GSPO's do not grow beyond two standard "
+    "errors; (c) the final greedy accuracy of GRPO + replay and of GSPO, each minus GRPO's, at the longest length and "
+    "stressed (not testable where no seed of any arm fell or ended 0.10 below its base: nothing to be more stable "
+    "against); (d) the token-level loss's final minus the per-sequence mean's, on mixed lengths; (e) GSPO's final "
+    "minus GRPO's at every length, with a clip fraction 10x GRPO's or more (else it does not hold). A claim made of "
+    "several differences holds when all hold, does not hold when any does not, and is inconclusive otherwise. The "
+    "claims' quantities were fixed after the toy MoE's runs and before the fine toy's; these four outcomes and their "
+    "standard errors replaced, after all the runs, a rule of seed spread (two means differ when further apart than "
+    "the larger std; *mixed* across models).")
+
+
+LONG_CLAIMS = ("(a) PPO's critic knows late positions worse",
+               "(a) PPO's lead over GRPO shrinks or reverses with length",
+               "(b) token-ratio variance grows with length on MoE models; replay or GSPO remove the growth",
+               "(c) at length GRPO without replay is less stable than with replay and than GSPO",
+               "(d) DAPO's token-level loss keeps long answers from being drowned out",
+               "(e) GSPO clips far more, yet converges at least as fast")
+
+
+def held_out(name, quick):
+    """The held-out problems an experiment's runs evaluate on: its last --eval-size, else the scripts' 500."""
+    flags = run_flags(name, [], quick)
+    return int(flags[len(flags) - flags[::-1].index("--eval-size")]) if "--eval-size" in flags else 500
+
+
+def combined(outcomes):
+    """One verdict from parts that must all hold (bench.RULE)."""
+    if "does not hold here" in outcomes:
+        return "does not hold here"
+    if all(o == "holds here" for o in outcomes) or all(o == "not testable here" for o in outcomes):
+        return outcomes[0]
+    return "inconclusive"
+
+
+def long_verdicts(runs, n):
+    """Each claim's verdict (bench.RULE, VERDICTS) on each model, with the differences it rests on."""
+    groups = long_groups(runs)
+    seeds = lambda model, tokens, arm, variant="": next(
+        (s for label, s in groups.get((model, tokens, variant), {}).items() if LONG[label][0] == arm), [])
+    values = lambda ss, key: [summarise(rs)[key] for rs in ss]
+    finals = lambda ss: [([r for r in rs if "eval_accuracy" in r][-1]["eval_accuracy"], rs[-1].get("correct"))
+                         for rs in ss]
+    text = bench.difference_text
+    found = {claim: [] for claim in LONG_CLAIMS}
+    a, lead, b, c, d, e = found.values()
+    for model in dict.fromkeys(m for m, _, variant in groups if not variant):
+        lengths = sorted(t for m, t, variant in groups if m == model and not variant)
+        short, longest = lengths[0], lengths[-1]
+        ppo = seeds(model, longest, "ppo")
+        q1, q4 = values(ppo, "ev_q1"), values(ppo, "ev_q4")
+        if len(ppo) > 1 and not any(map(math.isnan, q1 + q4)):
+            diff, err = statistics.mean(q1) - statistics.mean(q4), bench.seeds_error(q1, q4)
+            outcome = bench.verdict(diff, err, statistics.mean(q1) > 2 * bench.seeds_error(q1))
+            a.append((model, outcome, f"at {longest} tokens, first / last quarter {mean_std(q1)} / {mean_std(q4)}: "
+                      f"{text(diff, err)}"))
+        ends = [(seeds(model, t, "ppo"), seeds(model, t, "grpo")) for t in (short, longest)]
+        if short != longest and all(all(pair) for pair in ends):
+            (d1, e1, p1), (d2, e2, p2) = (bench.held_out_difference(finals(x), finals(y), n) for x, y in ends)
+            lead.append((model, bench.verdict(d1 - d2, math.hypot(e1, e2)), f"PPO − GRPO {d1:+.3f} at {short} "
+                         f"tokens, {d2:+.3f} at {longest}: {text(d1 - d2, math.hypot(e1, e2), p1 and p2)}"))
+        if model != "dense toy" and short != longest:
+            growth = {}
+            for arm in ("grpo", "grpo + replay", "gspo"):
+                before, after = values(seeds(model, short, arm), "ratio_var_mean"), values(seeds(model, longest, arm),
+                                                                                          "ratio_var_mean")
+                if before and after:
+                    diff, err = statistics.mean(after) - statistics.mean(before), bench.seeds_error(after, before)
+                    growth[arm] = (bench.verdict(diff, err), f"{arm} {text(diff, err)}")
+            if "grpo" in growth:
+                removed = [o != "holds here" for arm, (o, _) in growth.items() if arm != "grpo"]
+                outcome = growth["grpo"][0] if growth["grpo"][0] != "holds here" or all(removed) else \
+                    "does not hold here"
+                b.append((model, outcome, f"{short} → {longest} tokens: " + ", ".join(t for _, t in growth.values())))
+    for model, tokens, variant in groups:
+        if variant in ("", "stressed") and (variant or tokens == max(t for m, t, v in groups if m == model and not v)):
+            arms = {arm: seeds(model, tokens, arm, variant) for arm in ("grpo", "grpo + replay", "gspo")}
+            if all(arms.values()):
+                rows = [summarise(rs) for ss in groups[(model, tokens, variant)].values() for rs in ss]
+                testable = any(r["fell"] or r["ended"] for r in rows)
+                parts = [bench.held_out_difference(finals(arms[arm]), finals(arms["grpo"]), n)
+                         for arm in ("grpo + replay", "gspo")]
+                outcome = combined([bench.verdict(diff, err, testable) for diff, err, _ in parts])
+                c.append((group_title(model, tokens, variant), outcome, "replay − GRPO " + text(*parts[0]) +
+                          ", GSPO − GRPO " + text(*parts[1])))
+        if variant == "mixed lengths":
+            token = seeds(model, tokens, "dapo", variant)
+            mean_loss = seeds(model, tokens, "dapo, sequence mean", variant)
+            if token and mean_loss:
+                diff, err, paired = bench.held_out_difference(finals(token), finals(mean_loss), n)
+                d.append((group_title(model, tokens, variant), bench.verdict(diff, err),
+                          f"token-level − per-sequence mean {text(diff, err, paired)}"))
+    for model in dict.fromkeys(m for m, _, variant in groups if not variant):
+        parts, clips = [], []
+        for tokens in sorted(t for m, t, variant in groups if m == model and not variant):
+            gspo, grpo = seeds(model, tokens, "gspo"), seeds(model, tokens, "grpo")
+            if gspo and grpo:
+                times = statistics.mean(values(gspo, "clip_frac")) / statistics.mean(values(grpo, "clip_frac"))
+                diff, err, paired = bench.held_out_difference(finals(gspo), finals(grpo), n)
+                parts.append(bench.verdict(diff, err) if times >= 10 else "does not hold here")
+                clips.append(f"{tokens} tokens {times:.0f}×, {text(diff, err, paired)}")
+        if parts:
+            e.append((model, combined(parts), "clip fraction GSPO / GRPO and GSPO − GRPO: " + "; ".join(clips)))
+    return [f"- {claim}: " + ("; ".join(f"{where}: **{outcome}** ({why})" for where, outcome, why in results)
+                              or "not run here") + "." for claim, results in found.items()]
 
 
 def old_sections(path):
@@ -836,7 +951,8 @@ def report(seeds, quick):
                       "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
                       "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
                       "one to the last), a criterion fixed before the runs; \"ended below\", added after them: the "
-                      "seeds whose last evaluation is more than 0.10 below the base, fallen or not. \"stopped\": dapo.py stops a run when "
+                      "seeds whose last evaluation is more than 0.10 below the base, fallen or not. \"stopped\": "
+                      "dapo.py stops a run when "
                       "no group of its 5 generation rounds has a reward signal left (the step and the share of "
                       "its samples that were right are given; such a run has no final and is left out of the "
                       "figure).", ""]
@@ -873,6 +989,7 @@ def main(argv=None):
     experiments = bench.only(parser, args.only, EXPERIMENTS, "experiment")
     if (args.seeds is not None and args.seeds < 1) or args.jobs < 1 or args.threads < 1:
         parser.error("--seeds, --jobs and --threads must be at least 1")
+    bench.require("matplotlib", "the report's figures")
     seeds = list(range(args.seeds or (2 if args.quick else 3)))
     failed = 0 if args.report else run_all(experiments, seeds, args.quick, args.jobs, args.threads, args.rerun)
     report(range(max(3, len(seeds))), args.quick)

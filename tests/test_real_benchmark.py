@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench  # noqa: E402
 import real  # noqa: E402
 
 import common  # noqa: E402
@@ -35,7 +36,8 @@ def metrics(evals, truncated, step_time=30.0):
     """metrics.jsonl rows: evaluations (accuracy, truncated share) at steps 0, 10, 20, ...; steps 1..10 x (n - 1)."""
     out = [{"step": 0, "eval_accuracy": evals[0], "eval_truncated_frac": truncated[0]}]
     for step in range(1, 10 * (len(evals) - 1) + 1):
-        row = {"step": step, "reward_mean": step / 100, "response_len_mean": 50 - step, "truncated_frac": 0.5 / step,
+        row = {"step": step, "reward_mean": step / 100, "accuracy": step / 100, "response_len_mean": 50 - step,
+               "truncated_frac": 0.5 / step,
                "step_time_s": step_time + step, "peak_memory_mb": 4096 + step, "clip_frac": 0.01}
         if step % 10 == 0:
             row |= {"eval_accuracy": evals[step // 10], "eval_truncated_frac": truncated[step // 10]}
@@ -48,15 +50,51 @@ def test_a_runs_summary_splits_the_gain_into_form_and_arithmetic():
     assert (s["base"], s["final"], s["best"]) == (0.1, 0.4, 0.5)
     assert (s["finished_base"], s["finished_final"]) == (0.5, 0.8)
     assert s["among_finished_base"] == pytest.approx(0.2) and s["among_finished_final"] == pytest.approx(0.5)
-    assert s["reward_start"] == pytest.approx(0.03) and s["reward_end"] == pytest.approx(0.18)   # steps 1-5, 16-20
+    assert s["accuracy_start"] == pytest.approx(0.03) and s["accuracy_end"] == pytest.approx(0.18)  # steps 1-5, 16-20
     assert s["seconds_per_step"] == pytest.approx(40.5) and s["peak_memory_gb"] == pytest.approx(4116 / 1024)
+    assert s["completions_per_step"] == 32 and s["final_step"] == 20
 
 
-def test_the_verdict_rule_and_the_standard_error():
-    assert real.differ([0.5, 0.6], [0.3, 0.31])             # 0.245 apart, stds 0.071 and 0.007
-    assert not real.differ([0.5, 0.7], [0.45, 0.5])         # 0.125 apart, std 0.141
+def test_dapo_is_read_over_every_completion_it_generated_not_the_groups_it_kept():
+    rows = metrics([0.1, 0.5], [0.5, 0.0])
+    for r in rows[1:]:                                    # 3 rounds of 32 a step; the kept groups' rate is higher
+        r |= {"generation_rounds": 2 + r["step"] % 2, "sampled_accuracy": 0.1, "sampled_truncated_frac": 0.2}
+    s = real.summarise(rows)
+    assert s["completions_per_step"] == 32 * 2.5 and s["accuracy_end"] == pytest.approx(0.1)
+    assert s["truncated_start"] == pytest.approx(0.2)
+
+
+def test_the_verdict_is_one_of_four_outcomes_and_exactly_two_standard_errors_is_within():
+    assert bench.verdict(0.5, 0.25) == "inconclusive"                    # exactly 2 SE: `>`, not `>=`
+    assert bench.verdict(0.5000001, 0.25) == "holds here" and bench.verdict(-0.5000001, 0.25) == "does not hold here"
+    assert bench.verdict(-0.5, 0.25) == "inconclusive" and bench.verdict(0.0, 0.0) == "inconclusive"
+    assert bench.verdict(0.9, 0.1, testable=False) == "not testable here"
+    assert bench.verdict(0.1, float("nan")) == "inconclusive"
+    assert bench.difference_text(0.5, 0.25) == "+0.500 ± 0.250"
+    assert bench.difference_text(-0.6, 0.25, paired=False) == "**-0.600 ± 0.250**, unpaired"
+    assert real.apart(0.5, 0.25) == "within" and real.apart(0.5000001, 0.25) == "beyond"
     assert real.standard_error(0.5, 100) == pytest.approx(0.05)
     assert real.mean_std([0.2, 0.4]) == "0.300 ± 0.141" and real.mean_std([0.25]) == "0.250"
+
+
+def test_standard_errors_over_seeds_and_over_held_out_problems_paired_or_not():
+    # Seeds: variances 0.02 and 0.005 over 2 seeds each: sqrt(0.02 / 2 + 0.005 / 2) = 0.1118; one seed: none.
+    assert bench.seeds_error([0.1, 0.3], [0.5, 0.6]) == pytest.approx(0.1118034)
+    assert bench.seeds_error([0.2, 0.4]) == pytest.approx(0.1) and bench.seeds_error([0.3]) == float("inf")
+    # Unpaired: 0.5 and 0.3 on 100 problems: sqrt(0.25 / 100 + 0.21 / 100) = 0.06782.
+    d, e, paired = bench.held_out_difference([(0.5, None)], [(0.3, "0" * 100)], 100)
+    assert (d, paired) == (pytest.approx(0.2), False) and e == pytest.approx(0.0678233)
+    # Paired (McNemar): 10 problems, A right on 6, B on 3; A alone on 4, B alone on 1: mean 0.3,
+    # sqrt(4 + 1 - 3^2 / 10) / 10 = sqrt(4.1) / 10 = 0.20248.
+    a, b = "1111110000", "1100001000"
+    d, e, paired = bench.held_out_difference([(0.6, a)], [(0.3, b)], 10)
+    assert (d, paired) == (pytest.approx(0.3), True) and e == pytest.approx(0.2024846)
+    # Two seeds of A (shares 1, 0.5, 0.5, 0), one of B ("0011"): differences 1, 0.5, -0.5, -1, mean 0,
+    # sqrt(1 + 0.25 + 0.25 + 1) / 4 = 0.39528.
+    d, e, paired = bench.held_out_difference([(0.75, "1110"), (0.25, "1000")], [(0.5, "0011")], 4)
+    assert (d, paired) == (pytest.approx(0.0), True) and e == pytest.approx(0.3952847)
+    # A record of another length (or a run without one) makes the comparison unpaired.
+    assert not bench.held_out_difference([(0.75, "1110")], [(0.5, "001")], 4)[2]
 
 
 def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, monkeypatch):
@@ -69,8 +107,12 @@ def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, mon
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))    # stopped at step 29
     assert real.kept("grpo", 0) is None and not real.RECORDS.exists()
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "eval_correct.jsonl").write_text("".join(json.dumps({"step": 10 * i, "correct": "01" * 120}) + "\n"
+                                                    for i in range(4)))
     record = real.kept("grpo", 0)
     assert record == real.run_dir("grpo", 0, real.RECORDS) and real.read_metrics(record) == rows
+    assert bench.final_correct(record, 30) == "01" * 120 and bench.final_correct(record, 40) is None
+    assert bench.final_correct(tmp_path, 30) is None                   # a run recorded before: none
     (out / "metrics.jsonl").unlink()                                  # the runs folder is gone: the record stays
     assert real.kept("grpo", 0) == record
     # A seed beyond the default two (`--seeds 2`) is reported too, once finished.
@@ -103,32 +145,109 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
     assert 600 <= float((real.run_dir("grpo", 0, real.RECORDS) / "wall_seconds").read_text()) < 610
 
 
-def test_each_claim_gets_its_verdict_by_the_rule_from_two_seeds_on():
-    def run(final, clip=0.01, ev=None):
-        rows = metrics([0.1, 0.2, 0.3, final], [0.2] * 4)
-        for r in rows:
-            if "step_time_s" in r:
-                r["clip_frac"] = clip
-                if ev:
-                    r |= {"explained_variance_q1": ev[0], "explained_variance_q4": ev[1]}
-        return rows
+def run(final, clip=0.01, ev=None):
+    """A run's rows ending at `final`, its clip fraction and its critic's explained variance (first, last quarter)."""
+    rows = metrics([0.1, 0.2, 0.3, final], [0.2] * 4)
+    for r in rows:
+        if "step_time_s" in r:
+            r["clip_frac"] = clip
+            if ev:
+                r |= {"explained_variance_q1": ev[0], "explained_variance_q4": ev[1]}
+    return rows
+
+
+def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "RECORDS", tmp_path)                 # no per-problem records: unpaired
+    monkeypatch.setattr(real, "HELD_OUT", 100)
     runs = {"grpo": [(0, run(0.40)), (1, run(0.42))],
             "grpo lora": [(0, run(0.50))],                                    # one seed: in no claim
-            "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.22))],  # clips 20x more, level: holds
-            "dapo": [(0, run(0.50)), (1, run(0.52))],
-            "dapo seq-mean": [(0, run(0.30)), (1, run(0.31))],                # token-level above: holds
-            "ppo": [(0, run(0.30, ev=(0.2, 0.21))), (1, run(0.32, ev=(0.3, 0.29)))]}   # q1 and q4 level: does not
+            "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.20))],  # clips 20x, 0.01 above: inconclusive
+            "dapo": [(0, run(0.60)), (1, run(0.60))],
+            "dapo seq-mean": [(0, run(0.30)), (1, run(0.30))],                # 0.3 above, 4.5 SE: holds
+            "ppo": [(0, run(0.20, ev=(0.2, 0.0))), (1, run(0.22, ev=(0.3, 0.1)))]}
     a, d, e = real.claims(runs)
-    assert a.startswith("- (a) PPO's critic knows late positions worse: **does not hold here**")
-    assert "first / last quarter of each completion 0.250 ± 0.071 / 0.250 ± 0.057" in a
-    assert "PPO's held-out final 0.310 ± 0.014 is below GRPO's 0.410 ± 0.014" in a
-    assert "**holds here**: held-out final 0.510 ± 0.014, above the per-sequence mean's 0.305 ± 0.007" in d
-    assert e.startswith("- (e) GSPO clips far more, yet converges at least as fast: **holds here**")
-    assert "its held-out final 0.420 ± 0.014 is level with GRPO's 0.410 ± 0.014" in e
-    runs["gspo"] = [(0, run(0.20, clip=0.20)), (1, run(0.21, clip=0.22))]      # clips more but ends below
+    # (a): first quarter 0.25, last 0.05, each with seed variance 0.005: 0.2 +- sqrt(0.0025 + 0.0025) = 0.0707.
+    assert a.startswith("- (a) PPO's critic knows late positions worse: **holds here**: explained variance over the "
+                        "first / last quarter of each completion 0.250 ± 0.071 / 0.050 ± 0.071, first minus last "
+                        "**+0.200 ± 0.071**.")
+    # PPO 0.21 against GRPO 0.41 on 100 problems: sqrt(0.21 * 0.79 / 100 + 0.41 * 0.59 / 100) = 0.0639.
+    assert a.endswith("PPO's held-out final 0.210 ± 0.014 against GRPO's 0.410 ± 0.014: **-0.200 ± 0.064**, "
+                      "unpaired, beyond two standard errors.")
+    # (d): 0.6 against 0.3: sqrt(0.24 / 100 + 0.21 / 100) = 0.0671.
+    assert d.startswith("- (d) DAPO's token-level loss keeps long answers from being drowned out: **holds here**: "
+                        "held-out final 0.600 ± 0.000 against the per-sequence mean's 0.300 ± 0.000: "
+                        "**+0.300 ± 0.067**, unpaired.")
+    assert "over the first 5 steps they averaged 47 ± 0 and 47 ± 0 tokens, 0.23 ± 0.00 and 0.23 ± 0.00" in d
+    assert e.startswith("- (e) GSPO clips far more, yet converges at least as fast: **inconclusive**: it clips 0.2000 "
+                        "± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (20×; far more: 10× or more); its held-out final "
+                        "0.420 ± 0.014 against GRPO's 0.410 ± 0.014: +0.010 ± 0.070, unpaired")
+    runs["gspo"] = [(0, run(0.10, clip=0.20)), (1, run(0.10, clip=0.20))]      # 0.31 below, 5.4 SE
     assert "**does not hold here**" in real.claims(runs)[2]
+    runs["gspo"] = [(0, run(0.42, clip=0.05)), (1, run(0.42, clip=0.05))]      # level, but clips only 5x
+    assert "**does not hold here**: it clips 0.0500 ± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (5×;" in \
+        real.claims(runs)[2]
+    runs["grpo"] = [(0, run(0.40, clip=0.0625)), (1, run(0.42, clip=0.0625))]
+    runs["gspo"] = [(0, run(0.42, clip=0.625)), (1, run(0.42, clip=0.625))]    # exactly 10x is far more
+    assert "**inconclusive**: it clips 0.6250 ± 0.0000 of tokens, GRPO 0.0625 ± 0.0000 (10×;" in real.claims(runs)[2]
+    runs["dapo"] = [(0, run(0.40)), (1, run(0.40))]                           # 0.1 above: 1.4 SE
+    assert "loss keeps long answers from being drowned out: **inconclusive**" in real.claims(runs)[1]
+    # A critic whose first quarter is exactly two standard errors above 0 (0.5, SE 0.25) knows nothing: not testable.
+    runs["ppo"] = [(0, run(0.30, ev=(0.25, 0.0))), (1, run(0.32, ev=(0.75, 0.0)))]
+    assert real.claims(runs)[0].startswith("- (a) PPO's critic knows late positions worse: **not testable here**, as "
+                                           "its critic explains nothing at any position")
+    runs["ppo"] = [(0, run(0.30, ev=(0.26, 0.0))), (1, run(0.32, ev=(0.75, 0.0)))]   # a little above: testable
+    assert "**holds here**" in real.claims(runs)[0]
     del runs["dapo seq-mean"]
     assert real.claims(runs)[1].endswith("needs dapo and dapo seq-mean with at least 2 seeds.")
+
+
+def record(label, seed, evals, correct=None, machine=None):
+    """A run's record in real.RECORDS, as kept() leaves it: its rows, wall time, and if given the problems its
+    evaluation at step 30 answered right and where it ran."""
+    out = real.run_dir(label, seed, real.RECORDS)
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics(evals, [0.0] * len(evals))))
+    (out / "wall_seconds").write_text("600.0\n")
+    if correct:
+        (out / "eval_correct.jsonl").write_text(json.dumps({"step": 0, "correct": "0" * len(correct)}) + "\n" +
+                                                json.dumps({"step": 30, "correct": correct}) + "\n")
+    if machine:
+        (out / "machine").write_text(machine + "\n")
+
+
+def test_arms_are_compared_paired_where_their_records_say_which_problems_each_got_right(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "RECORDS", tmp_path)
+    monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(real, "HELD_OUT", 10)
+    record("grpo", 0, [0.0, 0.2, 0.4, 0.6], correct="1111110000", machine="2 threads of an AMD EPYC")
+    record("gspo", 0, [0.0, 0.1, 0.2, 0.3], correct="1100001000")
+    record("dapo", 0, [0.0, 0.1, 0.2, 0.5], machine="2 threads of an AMD EPYC")      # recorded before: no problems
+    record("dapo", 1, [0.0, 0.1, 0.2, 0.5], machine="2 threads of an Intel Xeon")
+    runs = real.collect()
+    assert [seed for seed, _ in runs["dapo"]] == [0, 1] and runs["ppo"] == []
+    table = real.differences(runs)
+    # Paired (McNemar): A alone right on 4 problems, B alone on 1: 0.3 +- sqrt(4 + 1 - 9 / 10) / 10 = 0.202: within.
+    assert table[2] == "| grpo | gspo | +0.300 | 0.202 | paired | within |"
+    # Unpaired: 0.6 against 0.5 on 10 problems: sqrt(0.24 / 10 + 0.25 / 10) = 0.221.
+    assert table[3] == "| grpo | dapo | +0.100 | 0.221 | unpaired | within |"
+    # 0.3 against 0.5: sqrt(0.021 + 0.025) = 0.214.
+    assert table[4] == "| gspo | dapo | -0.200 | 0.214 | unpaired | within |" and len(table) == 5
+    rows = {line.split(" | ")[0][2:]: line for line in real.table(runs)[2:]}
+    assert rows["grpo"].endswith("| 2 threads of an AMD EPYC (seed 0) |")
+    assert rows["gspo"].endswith("| not recorded (seed 0) |")
+    assert rows["dapo"].endswith("| 2 threads of an AMD EPYC (seed 0); 2 threads of an Intel Xeon (seed 1) |")
+    assert rows["ppo"].startswith("| ppo | not run yet |")
+    record("ppo", 0, [0.0, 0.1, 0.2, 1.0])                              # 0.3 against 1.0: 0.7 +- sqrt(0.021)
+    assert real.differences(real.collect())[6] == "| gspo | ppo | -0.700 | 0.145 | unpaired | **beyond** |"
+
+
+def test_a_remark_s_numbers_are_its_record_s():
+    rows = real.read_metrics(real.run_dir("dapo seq-mean", 0, real.RECORDS))
+    times = sorted(r["step_time_s"] for r in rows if "step_time_s" in r)
+    slow = next(r["step"] for r in rows if r.get("step_time_s") == times[-1])
+    text = real.REMARKS[("dapo seq-mean", 0)]
+    assert f"beside its step {slow} ({times[-1]:.0f} s, the others {times[0]:.1f}-{times[-2]:.1f} s)" in text
+
 
 
 def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_toys_criterion(tmp_path, monkeypatch):
@@ -148,7 +267,8 @@ def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_to
         rows = metrics(evals, [0.2] * len(evals))
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out / "wall_seconds").write_text("60.0\n")
-        (out / "machine").write_text("one NVIDIA H200 (bf16 autocast), 4 runs at a time\n")
+        if label != "dapo lr x30":                                     # a run with no record of its machine
+            (out / "machine").write_text("one NVIDIA H200 (bf16 autocast), 4 runs at a time\n")
         (out / "log.txt").write_text("grpo: ...\nstopped: no group has a reward signal\n" if stop else "grpo: ...\n")
     record("grpo lr x1", 0, [0.2, 0.3, 0.4, 0.5])
     record("grpo lr x1", 1, [0.2, 0.3, 0.4, 0.4])
@@ -163,10 +283,17 @@ def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_to
     assert cells["grpo"][3][:4] == ([0.0, 0.05, 0.1], 1, 2, [])       # 0.2 -> 0.1 is not more than 0.10 below
     assert cells["dapo"] == {30: ([], 0, 0, [10], [])}
     table = "\n".join(real.lr_table(runs))
-    assert "on one NVIDIA H200 (bf16 autocast), 4 runs at a time;" in table
+    assert "on one NVIDIA H200 (bf16 autocast), 4 runs at a time (5 runs); not recorded (1 run) (each run's" in table
     assert "The base (step 0) there: 0.200" in table
     assert ("| grpo | 0.450 ± 0.071 (best 0.450 ± 0.071); fell 0/2, ended below 0/2 | "
             "0.050 ± 0.050 (best 0.233 ± 0.058); fell 1/3, ended below 2/3 | — | — |") in table
     assert "| dapo | — | — | — | 1 stopped at step 10 |" in table
-    assert real.breaks(runs).endswith(": grpo x3 (3 seeds); dapo x30 (1 seed) (the table in *Where each breaks* "
-                                      "below).")
+    assert real.breaks(runs).endswith(": grpo x3 (3 seeds); dapo x30 (1 seed: seen, not a verdict, which needs 2) "
+                                      "(the table in *Where each breaks* below).")
+
+
+def test_the_rule_is_stated_once_the_same_in_benchmarks_readme_and_in_real_md():
+    root = Path(__file__).resolve().parent.parent
+    words = lambda text: " ".join(text.split())
+    assert words((root / "benchmarks" / "README.md").read_text()).count(words(bench.RULE[len("**Verdicts.** "):])) == 1
+    assert (root / "benchmarks" / "results" / "real.md").read_text().count(bench.RULE) == 1    # real.py writes it
