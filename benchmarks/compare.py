@@ -913,7 +913,8 @@ def long_verdicts(runs, n):
         if parts:
             e.append((model, combined(parts), "clip fraction GSPO / GRPO and GSPO − GRPO: " + "; ".join(clips)))
     return [f"- {claim}: " + ("; ".join(f"{where}: **{outcome}** ({why})" for where, outcome, why in results)
-                              or "not run here") + "." for claim, results in found.items()]
+                              or "no verdict: its runs are not here (2 seeds each for a training quantity)") + "."
+            for claim, results in found.items()]
 
 
 def old_sections(path):

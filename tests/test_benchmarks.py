@@ -209,8 +209,8 @@ def test_lr_table_reports_final_accuracy_and_fallen_seeds_per_arm_model_and_mult
     assert lines[0] == "| model | run | lr x1 (0.0001) | lr x3 (0.0003) | lr x10 (0.001) | lr x30 (0.003) |"
     assert lines[2] == ("| toy MoE (base 0.400) | grpo | 0.700 ± 0.141, 0/2 fell, 0/2 ended below | 0.300 ± 0.283, "
                         "1/2 fell, 1/2 ended below | — | — |")
-    assert lines[3] == ("| fine toy (base 0.200) | dapo | — | — | — | 0.000, 1/1 fell, 1/1 ended below; 1 stopped at step 3 "
-                        "(sampled acc 0.00) |")
+    assert lines[3] == ("| fine toy (base 0.200) | dapo | — | — | — | 0.000, 1/1 fell, 1/1 ended below; 1 stopped at "
+                        "step 3 (sampled acc 0.00) |")
     assert compare.lr_cell([], 0, [(2, 0.0), (5, 0.01)]) == "2 stopped at step 2/5 (sampled acc 0.00/0.01)"
 
 
@@ -360,7 +360,8 @@ def test_long_quick_form_runs_the_scripts_and_reports(tmp_path, monkeypatch):
     chains of 1 and 2 mixed), one seed, then long.md from them."""
     monkeypatch.setattr(compare, "RUNS", tmp_path)
     picked = [run for run in compare.QUICK_RUNS["long"] if run[0] in (
-        "ppo, 12 tokens, toy MoE", "grpo, 12 tokens, toy MoE", "dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths")]
+        "ppo, 12 tokens, toy MoE", "grpo, 12 tokens, toy MoE",
+        "dapo, sequence mean, 8-12 tokens, toy MoE, mixed lengths")]
     monkeypatch.setitem(compare.QUICK_RUNS, "long", picked)
     assert compare.run_all(["long"], [0], quick=True, jobs=2, threads=1, rerun=False) == 0
     runs = compare.collect("long", [0], quick=True)
@@ -469,7 +470,10 @@ def test_long_verdicts_give_each_claim_one_of_four_outcomes_per_model_by_the_rul
     runs["gspo, 12 tokens, toy MoE"] = [lrun(0.5, clip=0.625)] * 2                     # exactly 10x is far more
     assert "toy MoE: **inconclusive** (clip fraction GSPO / GRPO and GSPO − GRPO: 12 tokens 10×" in \
         compare.long_verdicts(runs, 200)[5]
-    assert compare.long_verdicts({}, 200)[0] == "- (a) PPO's critic knows late positions worse: not run here."
+    runs["ppo, 100 tokens, toy MoE"] = runs["ppo, 100 tokens, toy MoE"][:1]                # one seed: no verdict
+    del runs["ppo, 44 tokens, fine toy"]
+    assert compare.long_verdicts(runs, 200)[0] == ("- (a) PPO's critic knows late positions worse: no verdict: its "
+                                                   "runs are not here (2 seeds each for a training quantity).")
 
 
 def test_a_claim_made_of_parts_holds_when_all_do_and_fails_when_any_does():
