@@ -745,7 +745,8 @@ def parse_args(cls, doc, argv=None):
 
 
 def check_common_args(args, min_group_size=2):
-    """Checks shared by every script; each script checks its own hyperparameters too."""
+    """Checks shared by every script (each script checks its own hyperparameters too), and the defaults that follow
+    the model (--lr)."""
     for name in ("steps", "group_size", "prompts_per_step", "minibatches", "eval_size", "max_grad_norm"):
         check(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     check(args.group_size >= min_group_size, f"--group-size must be at least 2 (advantages compare completions "
@@ -753,6 +754,12 @@ def check_common_args(args, min_group_size=2):
     check(args.max_new_tokens is None or args.max_new_tokens > 0,
           f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     check(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
+    # The learning rate follows the model: the toy learns at 1e-4; a pretrained model breaks there (SmolLM2-135M at
+    # 1e-4: benchmarks/results/real.md's lr study), so with --model the GRPO paper's (and TRL's) 1e-6.
+    if args.lr is None:
+        args.lr = 1e-4 if args.model is None else 1e-6
+    if getattr(args, "critic_lr", 0) is None:  # ppo.py's critic learns at the policy's rate unless told otherwise
+        args.critic_lr = args.lr
     check(args.lr > 0, f"--lr must be positive, got {args.lr}")
     check(args.eval_every >= 0, f"--eval-every must be 0 (only at start and end) or positive, got {args.eval_every}")
     check(args.save_every >= 0, f"--save-every must be 0 (only at the end) or positive, got {args.save_every}")

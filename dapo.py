@@ -89,7 +89,7 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     # optimisation
-    lr: float = arg(1e-4, "AdamW learning rate")
+    lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "

@@ -84,7 +84,7 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     # optimisation
-    lr: float = arg(1e-4, "AdamW learning rate")
+    lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
@@ -104,7 +104,7 @@ class Args:
     beta_kl: float = arg(0.05, "KL penalty to the frozen reference policy, in the reward")
     gamma: float = arg(1.0, "discount")
     lam: float = arg(0.95, "GAE lambda")
-    critic_lr: float = arg(1e-4, "AdamW learning rate of the critic")
+    critic_lr: Optional[float] = arg(None, "AdamW learning rate of the critic (default: --lr's)")
     value_clip: float = arg(0.2, "clip range of the value update around the old value")
     epochs: int = arg(2, "passes over the rollout batch's minibatches")
     routing_replay: bool = arg(False, "MoE models: the update uses the experts chosen when the old log-probs "

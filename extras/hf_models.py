@@ -34,6 +34,7 @@ def make_policy(args, device):
     world.reward = reward or world.reward
     model = common.training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
     check_scoring(model, args.model)
+    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, lr {args.lr}")
     return model, world
 
 

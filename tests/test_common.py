@@ -5,6 +5,9 @@ import torch
 import torch.nn.functional as F
 
 import common
+import grpo
+import gspo
+import ppo
 from extras import hf_models, rewards
 from moe_model import MoEConfig, MoETransformer
 
@@ -283,3 +286,17 @@ def test_hf_models_load_without_hub_kernels(hf_dense):
     assert not getattr(model, "use_kernels", False)
     model.train()
     assert not getattr(model, "use_kernels", False)
+
+
+def test_the_learning_rate_follows_the_model(capsys):
+    def resolved(script, *flags):
+        args = common.parse_args(script.Args, script.__doc__, list(flags))
+        common.check_common_args(args, min_group_size=1)
+        return args
+    assert resolved(grpo).lr == 1e-4                                   # the toy's
+    assert resolved(grpo, "--model", "m", "--data", "d").lr == 1e-6    # a pretrained model's: the GRPO paper's
+    assert resolved(gspo, "--model", "m", "--data", "d", "--lr", "1e-5").lr == 1e-5
+    assert (resolved(ppo, "--model", "m", "--data", "d").critic_lr, resolved(ppo).critic_lr) == (1e-6, 1e-4)
+    assert resolved(ppo, "--lr", "1e-5", "--critic-lr", "2e-5").critic_lr == 2e-5
+    grpo.main(["--model", "m", "--data", "d", "--print-verl"])
+    assert "actor_rollout_ref.actor.optim.lr=1e-06 \\" in capsys.readouterr().out

@@ -224,6 +224,7 @@ def verl_config():
 @pytest.mark.parametrize("script, flags", SETTINGS)
 def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_config, capsys):
     args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
+    common.check_common_args(args, min_group_size=1)                   # and the defaults that follow the model
     config = verl_config(overrides(printed(script, flags, capsys)))     # a key verl lacks raises here
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert config.data.train_batch_size == args.prompts_per_step and rollout.n == args.group_size
@@ -302,6 +303,7 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     pytest.importorskip("trl", reason="trl is not installed (pip install --no-deps trl==1.16.0)")
     from trl import GRPOConfig
     args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
+    common.check_common_args(args, min_group_size=1)
     code = printed(script, flags, capsys, "--print-trl")
     call = re.search(r"^config = (GRPOConfig\(.*?^\))", code, re.S | re.M).group(1)
     config = eval(call, {"GRPOConfig": GRPOConfig, "gpu": torch.cuda.is_available()})

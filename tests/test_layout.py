@@ -2,6 +2,7 @@
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import dapo
 import grpo
 import gspo
 import ppo
+from extras import hf_models, rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,4 +90,19 @@ def test_the_readme_says_what_a_copier_takes_in_lines():
     toy = lines("grpo.py", "common.py", "moe_model.py")
     real = lines(*[f"extras/{name}" for name in ("__init__.py", "hf_models.py", "hf_routing.py", "rewards.py")])
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"({toy:,} lines with `grpo.py`)" in readme and f"`graduate.py` ({real:,} more)" in readme
+    assert f"({toy:,} lines with `grpo.py`)" in readme and f"`rewards.py` ({real:,} more)" in readme
+
+
+def test_the_readme_s_gsm8k_conversion_gives_rows_the_scripts_read_and_score(tmp_path):
+    code = re.search(r"```python\n# to_jsonl.py:.*?\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    gsm8k = [{"question": "Tom has 3 boxes of 12 eggs. How many eggs?", "answer": "3 * 12 = 36 eggs.\n#### 36"},
+             {"question": "What is 1,000 + 200?", "answer": "1,000 + 200 = 1,200\n#### 1,200"}]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in gsm8k))
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gsm8k.jsonl")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "train.jsonl").write_text(out.stdout)
+    rows = hf_models.read_jsonl(str(tmp_path / "train.jsonl"))
+    assert rows == [(row["question"], row["answer"]) for row in gsm8k]
+    assert rewards.answer_reward("So he has 36 eggs.", rows[0][1], True) == 1.0
+    assert rewards.answer_reward("The answer is 1200.", rows[1][1], True) == 1.0
+    assert rewards.answer_reward("The answer is 1100.", rows[1][1], True) == 0.0

@@ -269,7 +269,7 @@ def test_resuming_without_merge_lora_removes_the_merged_model_it_would_leave_sta
     assert f"checkpoint, metrics, adapter/ and model/ in {out}" in capsys.readouterr().out
     assert (out / "model").is_dir()
     assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--resume", str(out)))[0] == 0   # to step 2, no merge
-    assert sorted(f.name for f in out.iterdir()) == ["adapter", "checkpoint.pt", "metrics.jsonl"]
+    assert sorted(f.name for f in out.iterdir()) == ["adapter", "checkpoint.pt", "eval_correct.jsonl", "metrics.jsonl"]
     assert f"checkpoint, metrics and adapter/ in {out}" in capsys.readouterr().out
 
 
