@@ -103,5 +103,7 @@ def test_the_exported_model_is_the_trained_policy_and_scores_what_the_run_scored
     # Scored as the run scores: the same held-out prompts, greedy, the same reward.
     world = hf_models.hf_world(tokenizer, exported, hf_models.read_jsonl(sums), sums, 2, 4)
     world.reward = rewards.load_reward(by_length)
-    assert common.evaluate(exported.train(), world) == {k: last[k] for k in ("eval_accuracy", "eval_truncated_frac")}
+    result = common.evaluate(exported.train(), world)
+    correct = json.loads((tmp_path / "eval_correct.jsonl").read_text().splitlines()[-1])["correct"]
+    assert result == {k: last[k] for k in ("eval_accuracy", "eval_truncated_frac")} | {"eval_correct": correct}
     shutil.rmtree(tmp_path)
