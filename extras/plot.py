@@ -6,7 +6,8 @@
 
 Panels: the sampled reward and accuracy, the greedy held-out accuracy (the evaluations), the completion length and
 the share cut off, the clip fraction, and the KL estimates (k3 KL(old || new) of the update, the KL to the reference
-where the run has one). A quantity the run did not log is left out. Needs matplotlib (pip install matplotlib).
+where the run has one). A quantity the run did not log is left out. Over many steps each quantity is drawn faint,
+under its running mean over a fiftieth of them. Needs matplotlib (pip install matplotlib).
 """
 import argparse
 import importlib.util
@@ -32,8 +33,15 @@ def plot(rows, path, title):
         ax.axis("off")
     for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
-            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            ax.plot(*zip(*points), marker="o" if len(points) < 30 else None, ms=3, label=key)
+            steps, values = zip(*[(r["step"], r[key]) for r in rows if r.get(key) is not None])
+            width = len(values) // 50     # many steps are noisy: each drawn faint, under their running mean
+            if width < 2:
+                ax.plot(steps, values, marker="o" if len(values) < 30 else None, ms=3, label=key)
+                continue
+            raw = ax.plot(steps, values, lw=0.5, alpha=0.3)[0]
+            window = [values[max(0, i - width + 1):i + 1] for i in range(len(values))]
+            mean = [sum(w) / len(w) for w in window]
+            ax.plot(steps, mean, color=raw.get_color(), label=f"{key} (mean of {width})")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if len(keys) > 1:

@@ -59,3 +59,10 @@ def test_several_runs_each_get_their_png(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x.png")])
     assert stop.value.code == 2 and "--out names one file" in capsys.readouterr().err
+
+
+def test_a_long_run_is_drawn_under_its_running_mean(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    rows = [{"step": s, "reward_mean": s % 2, "clip_frac": 0.01} for s in range(1, 201)]
+    assert plot.plot(rows, tmp_path / "long.png", "long") == ["reward", "clip fraction"]
+    assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
