@@ -98,25 +98,29 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     new, entropy, alive = [], [], torch.ones(N, dtype=torch.bool, device=device)
     eos_ids = torch.tensor(world.eos_ids, device=device)
     with sampling_mode(model):
-        logits, cache = forward(model, tokens, attention_mask)
-        for t in range(world.max_new_tokens):
-            next_logits = mask_logits(logits / temperature, world)
-            if greedy:
-                token = next_logits.argmax(-1)
-            else:
-                logp = F.log_softmax(next_logits, dim=-1)
-                token = torch.multinomial(logp.exp(), 1).squeeze(1)
-                entropy.append(-(logp.exp() * logp).sum(-1))
-            token = torch.where(alive, token, world.pad_id)
-            new.append(token)
-            alive = alive & ~torch.isin(token, eos_ids)
-            if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
-                break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-            if use_cache:
-                logits, cache = forward(model, token[:, None], attention_mask, cache)
-            else:
-                logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
+        if world.static_cache and use_cache:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
+            from extras import static_decode
+            new, entropy = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
+        else:
+            logits, cache = forward(model, tokens, attention_mask)
+            for t in range(world.max_new_tokens):
+                next_logits = mask_logits(logits / temperature, world)
+                if greedy:
+                    token = next_logits.argmax(-1)
+                else:
+                    logp = F.log_softmax(next_logits, dim=-1)
+                    token = torch.multinomial(logp.exp(), 1).squeeze(1)
+                    entropy.append(-(logp.exp() * logp).sum(-1))
+                token = torch.where(alive, token, world.pad_id)
+                new.append(token)
+                alive = alive & ~torch.isin(token, eos_ids)
+                if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
+                    break
+                attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
+                if use_cache:
+                    logits, cache = forward(model, token[:, None], attention_mask, cache)
+                else:
+                    logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = torch.isin(completion, eos_ids)
     finished = is_eos.any(1)
@@ -439,6 +443,7 @@ class World:
     pad_id: int
     max_new_tokens: int
     tokenizer: typing.Any = None   # --model's Hugging Face tokenizer, exported with the model; None for the toy
+    static_cache: bool = False     # --static-cache on a dense --model: generate samples with extras/static_decode
 
     def sample(self, n):
         """n random training prompts (with replacement), drawn from torch's generator."""
@@ -773,6 +778,7 @@ def check_common_args(args, min_group_size=2):
     check(args.n_experts == 1 or 0 < args.top_k <= args.n_experts,
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
+    check(not args.static_cache or args.model is not None, "--static-cache needs --model (a Hugging Face model)")
     check(args.lora_r >= 0 and args.lora_alpha > 0,
           f"--lora-r must be 0 (off) or positive and --lora-alpha positive, got {args.lora_r} and {args.lora_alpha}")
     check(args.lora_r == 0 or args.model is not None, "--lora-r needs --model (the toy model is small: it trains "

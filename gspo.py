@@ -85,6 +85,7 @@ class Args:
     group_size: int = arg(8, "completions per prompt (G)")
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
+    static_cache: bool = arg(False, "dense --model: a static KV cache, the decode step a CUDA graph; off until timed")
     # optimisation
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")

@@ -32,6 +32,7 @@ def make_policy(args, device):
     model, tokenizer = load_hf(args.model, device, "auto" if lora and device.type == "cuda" else torch.float32)
     world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
     world.reward = reward or world.reward
+    world.static_cache = args.static_cache and not hf_routing.routers(model)  # an MoE model keeps generate's loop
     model = common.training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
     check_scoring(model, args.model)
     print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, lr {args.lr}")
