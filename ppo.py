@@ -88,8 +88,7 @@ class Args:
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
     max_grad_norm: float = arg(1.0, "gradient clipping")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward instead of keeping them: "
-                                             "less memory, slower updates")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward: less memory, slower updates")
     # LoRA (--model only)
     lora_r: int = arg(0, "LoRA rank: train low-rank adapters on every linear layer but the vocabulary head, the base "
                          "frozen (0: off, every weight trains); needs peft. Give a larger --lr (~10x)")
