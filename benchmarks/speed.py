@@ -14,9 +14,23 @@
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
    alternate, round by round; the table gives medians. Skipped, with a message, if trl is missing.
+4. `--only static` (issue 37): grpo.py's two sampling paths, generate's loop and --static-cache (a static KV cache,
+   on CUDA a decode step captured as a CUDA graph), and TRL (gradient checkpointing off) at SmolLM2's two shapes:
+   135M at 64 new tokens and 360M at 256, from SmolLM2's public config (the GGUF's converted folder's, `--tokenizer`)
+   with random weights, so every completion runs to the limit: equal work. 8 prompts x 8 completions, one optimizer
+   step per rollout, --static-steps steps of which the first 3 are left out; generation tokens/s, s/step, peak GB.
+   `--shapes tiny` is a smoke test of the same on a CPU.
+5. `--only greedy`: SmolLM2-135M-Instruct (the GGUF, benchmarks/real.py's model) greedy on real.py's held-out
+   problems, 64 new tokens, by both paths: how many completions differ, and the time each took.
+
+    python benchmarks/speed.py --device cuda --only static,greedy --out benchmarks/results/speed-cuda.md
+    python benchmarks/speed.py --only static,greedy --shapes tiny --static-steps 2 --greedy-prompts 4  # a smoke test
+
+   On the H200 of ../shared/GPU.md, which lacks trl, gguf and a recent transformers: benchmarks/gpu_check.sh.
 """
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import shutil
@@ -46,16 +60,28 @@ PHASES = ["generate", "old_logp", "ref", "critic", "update"]
 WARMUP = 3
 
 
-def run_script(script, flags, out, threads=None):
+class RunFailed(Exception):
+    """A run that failed or ran out of time: main stops on it, the static table notes it and goes on."""
+
+
+def run_script(script, flags, out, threads=None, timeout=None):
     """Run a script to completion and return its metrics.jsonl rows."""
     shutil.rmtree(out, ignore_errors=True)           # a script refuses an --out that holds a run
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     cmd = [sys.executable, str(ROOT / script), *flags, "--out", str(out), "--eval-every", "0", "--eval-size", "50",
            "--save-every", "0"]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RunFailed(f"{' '.join(cmd)} ran past {timeout} s:\n{tail(e.stdout)}{tail(e.stderr)}") from None
     if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RunFailed(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{tail(done.stdout)}{tail(done.stderr)}")
     return bench.read_metrics(Path(out))
+
+
+def tail(text, n=2000):
+    text = text.decode(errors="replace") if isinstance(text, bytes) else text or ""
+    return text[-n:]
 
 
 def step_rows(rows):
@@ -123,9 +149,10 @@ def ours_step_times(model, data, steps, device):
             {p: statistics.mean(r[f"time_{p}_s"] for r in rows) for p in ("generate", "old_logp", "update")})
 
 
-def trl_step_times(model, data, steps, device, checkpointing=True, profile=None):
+def trl_step_times(model, data, steps, device, checkpointing=True, profile=None, new_tokens=16, lr=1e-4):
     """Run TRL's GRPOTrainer for `steps` steps; returns the time of each step after the warm-up (from
-    the callback before a step to the one after its optimizer step) and the mean completion length."""
+    the callback before a step to the one after its optimizer step) and the mean completion length. On CUDA in bf16
+    autocast, as grpo.py there."""
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -140,16 +167,18 @@ def trl_step_times(model, data, steps, device, checkpointing=True, profile=None)
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter() - self.start)
 
-    def reward(prompts, completions, answer, **kwargs):
-        return [rewards.answer_reward(c, a, True) for c, a in zip(completions, answer)]
+    def reward(prompts, completions, answer, **kwargs):      # a chat prompt's completion is a message
+        return [rewards.answer_reward(c if isinstance(c, str) else c[-1]["content"], a, True)
+                for c, a in zip(completions, answer)]
 
     config = GRPOConfig(output_dir=str(Path(model) / "trl"), per_device_train_batch_size=64, num_generations=8,
-                        max_completion_length=16, num_iterations=1, steps_per_generation=1, beta=0.0,
-                        learning_rate=1e-4, temperature=1.0, loss_type="grpo", max_steps=steps, seed=0,
-                        use_cpu=device == "cpu", bf16=False, report_to="none", save_strategy="no",
+                        max_completion_length=new_tokens, num_iterations=1, steps_per_generation=1, beta=0.0,
+                        learning_rate=lr, temperature=1.0, loss_type="grpo", max_steps=steps, seed=0,
+                        use_cpu=device == "cpu", bf16=device == "cuda", report_to="none", save_strategy="no",
                         logging_steps=10**6, disable_tqdm=True, gradient_checkpointing=checkpointing)
     timer = StepTimer()
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=reward, args=config,
+    policy = AutoModelForCausalLM.from_pretrained(model, use_kernels=False)    # Hub kernels fail offline on CUDA
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=config,
                           train_dataset=load_dataset("json", data_files=str(data), split="train"),
                           processing_class=AutoTokenizer.from_pretrained(model), callbacks=[timer])
     if profile:
@@ -157,7 +186,8 @@ def trl_step_times(model, data, steps, device, checkpointing=True, profile=None)
     else:
         trainer.train()
     lengths = [m["completions/mean_length"] for m in trainer.state.log_history if "completions/mean_length" in m]
-    return timer.times[WARMUP:], statistics.mean(lengths) if lengths else float("nan")
+    times = timer.times[WARMUP:] if len(timer.times) > WARMUP + 2 else timer.times   # as step_rows
+    return times, statistics.mean(lengths) if lengths else float("nan")
 
 
 def profile_share(path, names):
@@ -216,13 +246,161 @@ def trl_table(device, steps, rounds, tmp):
     return lines + ["", f"**grpo.py does {theirs_s / ours_s:.2f}× the steps per second of TRL's faster setting.**"]
 
 
+# ---------------------------------------------------------------------------------------------------
+# --static-cache (issue 37): grpo.py's two sampling paths and TRL at SmolLM2's shapes; the real model's greedy answers
+
+# SmolLM2's public configs: the 135M's is the GGUF's (its converted folder's config.json), the 360M's differs in these.
+SHAPES = {"SmolLM2-135M": ({}, 64),
+          "SmolLM2-360M": (dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                                num_key_value_heads=5), 256),
+          "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16), 8)}                  # a smoke test on a CPU
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"]
+
+
+def default_tokenizer():
+    """The folder the GGUF converts to (benchmarks/real.py's model): SmolLM2-135M's config and tokenizer files."""
+    import real
+    return hf_models.gguf_folder(real.gguf_file())
+
+
+def smollm2(folder, tokenizer, overrides):
+    """SmolLM2 (config.json of `tokenizer`, with `overrides`) with random weights (seed 0) and its tokenizer, saved to
+    `folder`, with real.py's problems as grpo.py's data and, as chat messages, TRL's (the same prompt tokens)."""
+    import real
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(tokenizer)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(tokenizer) / name, folder)
+    rows = real.problems()
+    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "trl.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"]}],
+                                                          "answer": r["answer"]}) + "\n" for r in rows))
+    return folder
+
+
+def static_row(folder, new_tokens, steps, device, static, timeout):
+    """grpo.py on one path: s/step, generation s/step and tokens/s, peak GB, completion length (medians after the
+    warm-up steps)."""
+    flags = ["--model", str(folder), "--data", str(folder / "data.jsonl"), "--prompts-per-step", "8", "--group-size",
+             "8", "--minibatches", "1", "--max-new-tokens", str(new_tokens), "--steps", str(steps), "--device", device]
+    rows = step_rows(run_script("grpo.py", flags + ["--static-cache"] * static, folder / "grpo", timeout=timeout))
+    median = lambda f: statistics.median(f(r) for r in rows)
+    return {"s/step": median(lambda r: r["step_time_s"]), "generation s": median(lambda r: r["time_generate_s"]),
+            "tokens/s": median(lambda r: 64 * r["response_len_mean"] / r["time_generate_s"]),
+            "peak GB": max(r["peak_memory_mb"] for r in rows) / 1024,
+            "length": statistics.mean(r["response_len_mean"] for r in rows)}
+
+
+def trl_row(folder, new_tokens, steps, device, timeout):
+    """TRL's GRPOTrainer (checkpointing off, its faster setting) at the same work, in a process of its own: its peak
+    memory alone, and a timeout."""
+    code = (f"import json, torch, speed; times, length = speed.trl_step_times({str(folder)!r}, "
+            f"{str(folder / 'trl.jsonl')!r}, {steps}, {device!r}, False, new_tokens={new_tokens}, lr=1e-6); "
+            f"print(json.dumps([times, length, torch.cuda.max_memory_allocated() / 2**30 if {device!r} == 'cuda' "
+            f"else None]))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RunFailed(f"TRL ran past {timeout} s:\n{tail(e.stderr)}") from None
+    if done.returncode != 0:
+        raise RunFailed(f"TRL failed (exit {done.returncode}):\n{tail(done.stderr)}")
+    times, length, peak = json.loads(done.stdout.splitlines()[-1])
+    return {"s/step": statistics.median(times), "peak GB": peak, "length": length}
+
+
+def static_table(device, shapes, steps, tokenizer, timeout, tmp, save=print):
+    lines = [f"8 prompts × 8 completions, one optimizer step per rollout (`--minibatches 1`), random weights (every "
+             f"completion runs to the limit: equal work), {steps} steps a run, medians of those after the first "
+             f"{WARMUP}; TRL with gradient checkpointing off (its faster setting), bf16 on CUDA as grpo.py. "
+             f"Generation: grpo.py's `time_generate_s` (sampling and the rewards).", "",
+             "| shape | new tokens | grpo.py s/step | generation s | generation tokens/s | peak GB | "
+             "--static-cache s/step | generation s | generation tokens/s | peak GB | TRL s/step | TRL peak GB | "
+             "generation speed-up | steps/s vs TRL: today, static |", "|" + " --- |" * 14]
+    cell = lambda row, key, f: f"{row[key]:{f}}" if row and row.get(key) is not None else "—"
+    for shape in shapes:
+        overrides, new_tokens = SHAPES[shape]
+        folder = smollm2(Path(tmp) / shape, tokenizer, overrides)
+        rows, notes = {}, []
+        for name, run in (("today", lambda: static_row(folder, new_tokens, steps, device, False, timeout)),
+                          ("static", lambda: static_row(folder, new_tokens, steps, device, True, timeout)),
+                          ("trl", lambda: trl_row(folder, new_tokens, steps, device, timeout))):
+            try:
+                rows[name] = run()
+                print(f"  {shape} {name}: {rows[name]}", flush=True)
+            except RunFailed as e:
+                rows[name] = None
+                notes.append(f"{shape}, {name}: {str(e)[-1500:]}")
+                print(f"  {shape} {name} FAILED: {e}", flush=True)
+        today, static, trl = rows["today"], rows["static"], rows["trl"]
+        ratio = lambda a, b, key: f"{a[key] / b[key]:.2f}×" if a and b else "—"
+        lines.append(" | ".join([f"| {shape}", str(new_tokens), *(cell(r, k, f) for r in (today, static) for k, f in (
+            ("s/step", ".3f"), ("generation s", ".3f"), ("tokens/s", ".0f"), ("peak GB", ".1f"))),
+            cell(trl, "s/step", ".3f"), cell(trl, "peak GB", ".1f"), ratio(today, static, "generation s"),
+            f"{ratio(trl, today, 's/step')}, {ratio(trl, static, 's/step')} |"]))
+        lines += [f"\n{shape} failed runs: {note}" for note in notes]
+        save(lines)                                       # so far, in case a later shape runs out of time
+    return lines
+
+
+def greedy_table(device, gguf, n_prompts, batch=120):
+    """The real model's greedy answers to real.py's held-out problems by both paths (fp32 weights, bf16 autocast on
+    CUDA, as a run evaluates): how many completions differ, where they part, the accuracy of each."""
+    import real
+    from torch._dynamo.utils import counters
+    model, tokenizer = hf_models.load_hf(gguf, torch.device(device))
+    model = common.training_mode(model, False)
+    rows = [(r["prompt"], str(r["answer"])) for r in real.problems()]
+    world = hf_models.hf_world(tokenizer, model, rows, "real.py", real.HELD_OUT, 64)
+    world.eval = world.eval[:n_prompts]
+    completions, times, accuracy = {}, {}, {}
+    for name, static in (("generate's loop", False), ("--static-cache, compiling", True), ("--static-cache", True)):
+        world.static_cache = static
+        start, out, correct = time.perf_counter(), [], 0.0
+        for i in range(0, len(world.eval), batch):
+            prompts, answers = zip(*world.eval[i:i + batch])
+            rollout = common.generate(model, world, list(prompts), 1, 1.0, greedy=True)
+            out += [c[m.bool()].tolist() for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
+            correct += common.rewards_of(world, rollout, list(answers), 1).sum().item()
+        times[name], completions[name], accuracy[name] = time.perf_counter() - start, out, correct / len(out)
+        print(f"  greedy, {name}: {times[name]:.1f} s, accuracy {accuracy[name]:.3f}", flush=True)
+    today, static = completions["generate's loop"], completions["--static-cache"]
+    differ = [i for i, (a, b) in enumerate(zip(today, static)) if a != b]
+    parted = [next((t for t, (x, y) in enumerate(zip(today[i], static[i])) if x != y), len(today[i]))
+              for i in differ]                          # the first token that differs (or where one ended first)
+    where = f" (they part at token {min(parted)} at the earliest, {statistics.median(parted):.0f} at the median)" \
+        if differ else ""
+    return [f"SmolLM2-135M-Instruct ({Path(gguf).name}), greedy, {len(today)} of real.py's held-out problems, "
+            f"64 new tokens, in batches of up to {batch}, device {device}.", "",
+            f"- completions that differ between the paths: **{len(differ)} of {len(today)}**{where}",
+            "- accuracy: " + ", ".join(f"{name} {a:.3f}" for name, a in accuracy.items()),
+            "- time: " + ", ".join(f"{name} {t:.1f} s" for name, t in times.items()),
+            f"- --static-cache's completions on its first (compiling) pass equal its second's: "
+            f"{completions['--static-cache, compiling'] == static}; graph breaks in its compiled step: "
+            f"{sum(counters['graph_break'].values())}"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--steps", type=int, default=20, help="steps per script run (phase table)")
     parser.add_argument("--trl-steps", type=int, default=40, help="steps per run of grpo.py and of TRL")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of grpo.py vs TRL")
-    parser.add_argument("--only", default="phases,generation,trl", help="parts to run, comma-separated")
+    parser.add_argument("--only", default="phases,generation,trl", help="parts to run, comma-separated (also: static, "
+                                                                        "greedy)")
+    parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
+    parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
+                                                                    f"left out")
+    parser.add_argument("--tokenizer", help="static: a folder with SmolLM2's config.json and tokenizer files "
+                                            "(default: the GGUF's converted folder)")
+    parser.add_argument("--gguf", help="greedy: the model (default: benchmarks/real.py's GGUF file)")
+    parser.add_argument("--greedy-prompts", type=int, default=240, help="greedy: held-out problems answered")
+    parser.add_argument("--run-timeout", type=float, help="static: seconds a run may take before it counts as failed")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speed.md"))
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -230,20 +408,33 @@ def main(argv=None):
     parts = args.only.split(",")
     cpu = f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads" if args.device == "cpu" else \
         torch.cuda.get_device_name()
-    device_flag = "" if args.device == "cpu" else f" --device {args.device}"
-    lines = [f"# Speed ({args.device}: {cpu}; torch {torch.__version__})", "",
-             f"Regenerate: `python benchmarks/speed.py{device_flag}`.", ""]
+    import transformers
+    given = sys.argv[1:] if argv is None else argv
+    flags = "".join(f" {a}" for i, a in enumerate(given) if "--out" not in (a, given[i - 1] if i else None))
+    lines = [f"# Speed ({args.device}: {cpu}; torch {torch.__version__}, transformers {transformers.__version__})",
+             "", f"Regenerate: `python benchmarks/speed.py{flags}`.", ""]
     with tempfile.TemporaryDirectory() as tmp:
-        if "phases" in parts:
-            lines += ["## Seconds per step, by phase", "", *phase_table(args.device, args.steps, tmp), ""]
-        if "generation" in parts:
-            lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "",
-                      *generation_table(args.device), ""]
-        if "trl" in parts:
-            lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
-                                                                                   args.rounds, tmp), ""]
+        try:
+            if "phases" in parts:
+                lines += ["## Seconds per step, by phase", "", *phase_table(args.device, args.steps, tmp), ""]
+            if "generation" in parts:
+                lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "",
+                          *generation_table(args.device), ""]
+            if "trl" in parts:
+                lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
+                                                                                       args.rounds, tmp), ""]
+        except RunFailed as e:
+            sys.exit(str(e))
+        if "static" in parts:
+            lines += ["## --static-cache: a static KV cache and a CUDA-graph decode step (issue 37)", ""]
+            lines += static_table(args.device, args.shapes.split(","), args.static_steps,
+                                  args.tokenizer or default_tokenizer(), args.run_timeout, tmp,
+                                  lambda rows: bench.write(args.out, "\n".join(lines + rows))) + [""]
+        if "greedy" in parts:
+            import real
+            lines += ["## --static-cache: the real model's greedy answers by both paths", "",
+                      *greedy_table(args.device, args.gguf or real.gguf_file(), args.greedy_prompts), ""]
     bench.write(args.out, "\n".join(lines))
-
 
 if __name__ == "__main__":
     main()

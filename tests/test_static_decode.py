@@ -46,6 +46,19 @@ def test_the_same_seed_gives_the_same_rollout_token_for_token(hf_dense, temperat
     assert len(set(lengths[today.finished].tolist())) > 1 and (lengths[~today.finished] == 12).all()
 
 
+def test_a_lora_policy_samples_the_same(hf_dense):
+    model, world, encode = tiny(hf_dense)
+    lora = hf_models.lora_config(type("Args", (), {"lora_r": 4, "lora_alpha": 32.0}))
+    model = common.training_mode(hf_models.add_lora(model, lora, seed=0), False)
+    with torch.no_grad():                                  # adapters that change the model (B starts at 0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    today, static = both_ways(model, world, encode(PROMPTS))
+    assert_same(static, today)
+    assert today.finished.any() and not today.finished.all()
+
+
 def test_both_stop_at_the_same_step_when_every_completion_has_ended(hf_dense):
     model, world, encode = tiny(hf_dense)
     today, static = both_ways(model, world, encode(PROMPTS[:2]), greedy=True)
@@ -61,6 +74,16 @@ def test_the_cache_is_kept_grown_and_reused_between_calls(hf_dense):
         assert_same(*both_ways(model, world, encode(prompts), group_size=group_size)[::-1])
         sizes.append({rows: cache.get_max_length() for rows, cache in static_decode.CACHES[model].items()})
     assert sizes == [{12: 64}, {12: 128}, {12: 128}, {12: 128, 8: 64}]     # grown once, then kept; one a batch size
+
+
+def test_the_decode_step_traces_as_one_graph(hf_dense, monkeypatch):
+    """What torch.compile captures on CUDA, traced here without a GPU (aot_eager: the same graph, run by eager
+    kernels): a graph break would split the CUDA graph; and the same tokens."""
+    model, world, encode = tiny(hf_dense)
+    step = torch.compile(static_decode.decode_step, backend="aot_eager", fullgraph=True)    # a break would raise
+    monkeypatch.setattr(static_decode, "decode_step", step)                                 # what a CPU calls
+    today, static = both_ways(model, world, encode(PROMPTS))
+    assert_same(static, today)
 
 
 def test_the_flag_reaches_generate_for_dense_models_only(hf_dense, hf_moe, jsonl):
