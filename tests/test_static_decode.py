@@ -68,7 +68,7 @@ def test_both_stop_at_the_same_step_when_every_completion_has_ended(hf_dense):
 
 def test_the_cache_is_kept_grown_and_reused_between_calls(hf_dense):
     model, world, encode = tiny(hf_dense)
-    short, long = PROMPTS, ["what is 12+34? " + "ok " * 17, "1+2?"]       # 12 new tokens: 32 and 68 positions
+    short, long = PROMPTS, ["what is 12+34? " + "ok " * 17, "1+2?"]       # 12 new tokens: 32 and 78 positions
     sizes = []
     for prompts, group_size in ((short, 3), (long, 6), (short, 3), (short, 2)):     # 12 rows, 12, 12, then 8
         assert_same(*both_ways(model, world, encode(prompts), group_size=group_size)[::-1])
