@@ -6,8 +6,8 @@ in the order a training step calls it:
         the toy MoE after its supervised warm start (cached on disk), or --model with --data (extras/hf_models);
         in training mode with every dropout off, the update's mode (sampling switches to eval mode on its own)
     rollout = generate(policy, world, prompts, group_size, temperature)
-        G completions per prompt in one batch, with a KV cache; PAD is never sampled; a completion ends at
-        its first end-of-sequence token, which belongs to it (rollout.mask counts it)
+        G completions per prompt in one batch, with a KV cache (--static-cache: extras/static_decode); PAD is never
+        sampled; a completion ends at its first end-of-sequence token, which belongs to it (rollout.mask counts it)
     rewards = rewards_of(world, rollout, answers, group_size)
         the task's reward, or yours (--reward); a broken reward function stops the run naming the prompt
     old_logp, entropy, routing = fixed_logprobs(policy, world, rollout, temperature, chunks)
@@ -20,8 +20,8 @@ in the order a training step calls it:
         optimizer_step(policy, optimizer, loss, max_grad_norm)
             backward, clipping, step; a non-finite loss or gradient skips the update and is counted
     run = Run(...); for step in run.steps(): ...; run.log(record); run.finish()
-        metrics.jsonl, evaluation, progress bar, checkpoints, --resume, Ctrl-C and SIGTERM; at the end (or
-        on a stop) the policy goes to DIR/model, for the toy's moe_model.load or Hugging Face's from_pretrained
+        metrics.jsonl, evaluation (eval_correct.jsonl: the problems it got right), progress bar, checkpoints,
+        --resume, Ctrl-C and SIGTERM; at the end (or on a stop) the policy goes to DIR/model
 
 The sections, in order: sampling; log-probs and the update's plumbing; the toy world (tasks, reward, warm start)
 and make_policy; metrics (evaluation, rollout and ratio metrics, clipping by quarter); the command line; a run.
