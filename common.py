@@ -162,11 +162,15 @@ def forward(model, tokens, attention_mask, cache=None):
     if isinstance(model, MoETransformer):  # the toy: fixed-length prompts, so no padding to handle
         cache = [None] * model.cfg.n_layers if cache is None else cache
         return model(tokens, cache=cache)[0][:, -1].float(), cache
-    # Left padding: positions count only real tokens, so every prompt starts at position 0.
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
+    positions = position_ids(attention_mask)[:, -tokens.shape[1]:]
     out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache,
                 use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.cache
+
+
+def position_ids(attention_mask):
+    """[B, S]: with left padding, positions count only real tokens, so every prompt starts at position 0."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def left_pad(prompts, pad_id):
@@ -271,7 +275,7 @@ def trunk(model, tokens, attention_mask, routing=None):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
     from extras import hf_routing                                   # --model: the routers of a Hugging Face MoE
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids(attention_mask)
     hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
     out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)

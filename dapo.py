@@ -144,7 +144,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_hig
     with torch.no_grad():
         clipped_low = (adv < 0) & (ratio < 1 - clip_eps_low)
         clipped_high = (adv > 0) & (ratio > 1 + clip_eps_high)
-        clipped = clipped_low | clipped_high                                 # [N, T]: zero gradient
+        clipped = clipped_low | clipped_high                                 # [N, T]: gradient cut
         metrics = {"clip_frac_low": mean(clipped_low.float()), "clip_frac_high": mean(clipped_high.float())}
         metrics |= {"clip_frac": mean(clipped.float()), "clipped": clipped,
                     "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)

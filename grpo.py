@@ -124,7 +124,7 @@ def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, b
     lengths = mask.sum(1).clamp(min=1)                                   # |o_i|
     loss = ((per_token * mask).sum(1) / lengths).mean()                  # seq-mean-token-mean
     with torch.no_grad():
-        clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))   # [N, T]: zero gradient
+        clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))   # [N, T]: gradient cut
         metrics |= {"clip_frac": mean(clipped.float()), "clipped": clipped,
                     "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)
     return loss, metrics

@@ -156,7 +156,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
     loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
     with torch.no_grad():
         clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | ((advantages < 0) & (ratio < 1 - clip_eps))
-        return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,           # [N, T]: zero gradient
+        return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,           # [N, T]: gradient cut
                       "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)
 
 

@@ -32,8 +32,7 @@ def decode(model, world, tokens, attention_mask, temperature, greedy=False):
     # The attention mask of the whole rollout, at the cache's length from the start: the prompts' left padding, then 1
     # wherever a completion may go (a slot not yet written is hidden by the causal mask, as a later token is).
     mask = F.pad(attention_mask, (0, cache.get_max_length() - P), value=1)
-    # Positions as common.forward counts them: real tokens only, so every prompt starts at 0 whatever its padding.
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    positions = common.position_ids(attention_mask)              # as common.forward counts them
     eos_ids = torch.tensor(world.eos_ids, device=tokens.device)
     # The prompts in one eager pass, as their length changes from batch to batch: the cache's first P slots.
     logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
