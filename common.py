@@ -135,7 +135,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
 @contextlib.contextmanager
 def sampling_mode(model):
     """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
-    transformers it would turn the KV cache off) and, on CUDA, one bf16 autocast context: autocast keeps
+    transformers it would turn the KV cache off) and, in bf16 (--dtype), one autocast context: autocast keeps
     its bf16 copies of the weights only while its context is open, so one context per token would cast
     every weight again for every token."""
     was_training = model.training
@@ -144,15 +144,17 @@ def sampling_mode(model):
         from extras import hf_routing
         hf_routing.set_replay(model, None)              # sampling routes freely (a Hugging Face MoE model)
     try:
-        with autocast(next(model.parameters()).device):
+        with autocast(model):
             yield
     finally:
         model.train(was_training)
 
 
-def autocast(device):
-    """bf16 autocast on CUDA (weights stay fp32 for the optimiser); plain fp32 elsewhere."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+def autocast(model):
+    """bf16 autocast where make_policy chose bf16 for the run (model.bf16, --dtype): the matrix products in bf16, the
+    weights kept in fp32 for the optimiser, the log-probs computed in fp32 after the head; plain fp32 elsewhere."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
+                          enabled=getattr(model, "bf16", False))
 
 
 def forward(model, tokens, attention_mask, cache=None):
@@ -231,9 +233,11 @@ def logprobs(model, world, rollout, temperature, routing=None):
     the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
     of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
     T, valid = rollout.mask.shape[1], rollout.mask.bool()
-    with autocast(rollout.tokens.device):
-        hidden, chosen, aux_loss = trunk(model, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1], routing)
-        hidden, targets = hidden[:, -T:][valid], rollout.completions[valid]     # position P+t-1 predicts token t
+    cut, start, end = needed_columns(rollout)
+    with autocast(model):
+        hidden, chosen, aux_loss = trunk(model, cut.tokens[:, :-1], cut.attention_mask[:, :-1],
+                                         None if routing is None else routing[:, :, start:end - 1])
+        hidden, targets = hidden[:, -cut.mask.shape[1]:][cut.mask.bool()], rollout.completions[valid]  # P+t-1 -> t
         chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
         parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
                  if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
@@ -241,7 +245,23 @@ def logprobs(model, world, rollout, temperature, routing=None):
     zeros = torch.zeros(rollout.mask.shape, device=hidden.device)
     logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
     entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
+    if chosen is not None:          # the routing of every input position again; 0 on the columns cut (no tokens)
+        chosen = F.pad(chosen, (0, 0, start, rollout.tokens.shape[1] - end))
     return logp, entropy, chosen, aux_loss
+
+
+def needed_columns(rollout):
+    """The rows' columns that hold a token: from the first prompt column that is not padding in every row to the end of
+    the longest completion. The rollout batch is padded to its longest prompt and completion; a minibatch of it often
+    needs fewer columns, and the rest would cost the update's forward and backward for nothing (the real model's
+    completions run 12-64 tokens in one batch). Attention is causal and ignores padding, so the cut changes no
+    log-prob (only the logged load-balancing loss, which counted the padding). Returns (the rows cut, start, end):
+    columns start .. end - 1 of rollout.tokens."""
+    P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+    start = int(rollout.attention_mask[:, :P].any(0).long().argmax()) if P else 0
+    end = P + int(rollout.mask.sum(1).max())
+    return Rollout(rollout.tokens[:, start:end], rollout.attention_mask[:, start:end], rollout.mask[:, :end - P],
+                   rollout.finished), start, end
 
 
 def token_logprobs(model, world, hidden, targets, temperature):
@@ -584,6 +604,7 @@ def warm_start_step(model, opt, average, world, task, gen, ramble_gen, batch_siz
 def make_policy(args, device):
     """The policy, in training mode, and its world: the warm-started toy MoE (default), or a Hugging Face model with
     --model and --data (extras/hf_models.make_policy)."""
+    check(args.dtype != "bf16" or device.type in ("cuda", "cpu"), "--dtype bf16 needs a CUDA device or the CPU")
     if args.model is not None:
         from extras import hf_models
         return hf_models.make_policy(args, device)
@@ -595,9 +616,28 @@ def make_policy(args, device):
     # The warm start stops on all 500 held-out prompts whatever --eval-size: one base fits all.
     model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens, args.chain_length), cfg,
                              TASKS[args.task])
-    print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), "
+    model.bf16 = uses_bf16(args, device)
+    print(f"toy MoE ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {compute(model, device)}), "
           f"warm-started base: {path}")
     return training_mode(model.to(device), args.gradient_checkpointing), world
+
+
+def uses_bf16(args, device):
+    """--dtype auto: bf16 autocast on CUDA, and with --model on a CPU that computes bf16 natively (AVX512-BF16 or AMX:
+    the real model's step 1.5x faster, benchmarks/results/real.md); fp32 elsewhere (the toy's operations are too small
+    to gain, and a CPU without those instructions emulates bf16, slower than fp32)."""
+    if args.dtype != "auto":
+        return args.dtype == "bf16"
+    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+        getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return device.type == "cuda" or (device.type == "cpu" and args.model is not None and native)
+
+
+def compute(model, device):
+    """How the run computes, for its first line: "cpu, 1 thread, fp32"."""
+    threads = torch.get_num_threads()
+    where = f"cpu, {threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" else str(device)
+    return f"{where}, {'bf16 autocast' if model.bf16 else 'fp32'}"
 
 
 def training_mode(model, gradient_checkpointing):
@@ -791,6 +831,30 @@ def check_common_args(args, min_group_size=2):
     check(args.lora_r > 0 or args.lora_alpha == type(args).lora_alpha, "--lora-alpha needs --lora-r")
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
+    check(args.dtype in ("auto", "bf16", "fp32"), f"unknown --dtype {args.dtype!r}; use auto, bf16 or fp32")
+    set_threads(args)
+
+
+# torch's thread count as the process started (every physical core, or OMP_NUM_THREADS), then as set_threads left it
+THREADS = {"torch": torch.get_num_threads(), "set": torch.get_num_threads()}
+
+
+def set_threads(args):
+    """CPU threads follow the model, as --lr does. The first of: --threads; torch.set_num_threads, when a program that
+    calls main() set it; OMP_NUM_THREADS; else one on the toy (its matrices are too small to share: two threads spin
+    waiting for each other, slower alone and many times slower beside any other busy process;
+    benchmarks/results/speed.md) and torch's default, every core, with --model (its matrices fill them)."""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if args.threads is None and torch.get_num_threads() != THREADS["set"]:
+        args.threads = torch.get_num_threads()
+    elif args.threads is None and omp:
+        check(omp.isdigit() and int(omp) > 0, f"OMP_NUM_THREADS must be a positive count, got {omp!r}")
+        args.threads = int(omp)
+    elif args.threads is None:
+        args.threads = 1 if args.model is None else THREADS["torch"]
+    check(args.threads > 0, f"--threads must be positive, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    THREADS["set"] = args.threads
 
 
 def seed_everything(seed):
@@ -835,7 +899,8 @@ class RunStopped(Exception):
 
 
 # Settings a resumed run may change; any other difference from the checkpoint's is refused.
-RESUMABLE = {"steps", "out", "resume", "device", "eval_every", "save_every", "gradient_checkpointing", "merge_lora"}
+RESUMABLE = {"steps", "out", "resume", "device", "threads", "dtype", "eval_every", "save_every", "gradient_checkpointing",
+             "merge_lora"}
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 

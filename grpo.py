@@ -58,6 +58,10 @@ class Args:
     steps: int = arg(2400, "rollout batches; each gives --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
+    threads: Optional[int] = arg(None, "CPU threads (default: OMP_NUM_THREADS if set, else 1 on the toy, whose "
+                                      "operations are too small to share, and every core with --model)")
+    dtype: str = arg("auto", "bf16 (autocast, fp32 weights) or fp32 forward passes (default auto: bf16 on CUDA, "
+                             "and with --model on a CPU with native bf16: AVX512-BF16 or AMX)")
     out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: a new "
                                     "runs/<script>-<task>-<date>-<time>)")
     resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 import common
 from common import arg, check
@@ -66,6 +67,10 @@ class Args:
     steps: int = arg(700, "rollout batches; each gives --epochs x --minibatches optimizer steps")
     seed: int = arg(0, "seed of every random draw (prompts, sampling)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), cpu, cuda or mps")
+    threads: Optional[int] = arg(None, "CPU threads (default: OMP_NUM_THREADS if set, else 1 on the toy, whose "
+                                      "operations are too small to share, and every core with --model)")
+    dtype: str = arg("auto", "bf16 (autocast, fp32 weights) or fp32 forward passes (default auto: bf16 on CUDA, "
+                             "and with --model on a CPU with native bf16: AVX512-BF16 or AMX)")
     out: Optional[str] = arg(None, "folder for metrics.jsonl and checkpoint.pt (default: a new "
                                     "runs/<script>-<task>-<date>-<time>)")
     resume: Optional[str] = arg(None, "continue the run whose checkpoint.pt is in this folder (same settings)")
@@ -189,10 +194,11 @@ def make_critic(policy):
 def values(critic, rollout):
     """V(s_t) [N, T]: the critic's value at the position that predicts completion token t, 0 on padding."""
     T = rollout.mask.shape[1]
-    with common.autocast(rollout.tokens.device):
-        hidden = common.trunk(critic, rollout.tokens[:, :-1], rollout.attention_mask[:, :-1])[0][:, -T:]
-        out = common.output_head(critic)(hidden).float()
-    return out[..., 0] * rollout.mask
+    cut = common.needed_columns(rollout)[0]                  # the columns these rows need
+    with common.autocast(critic):
+        hidden = common.trunk(critic, cut.tokens[:, :-1], cut.attention_mask[:, :-1])[0][:, -cut.mask.shape[1]:]
+        out = common.output_head(critic)(hidden).float()[..., 0]                  # [N, T'], T' <= T
+    return F.pad(out, (0, T - out.shape[1])) * rollout.mask
 
 
 def train(args):

@@ -169,7 +169,7 @@ def measure(name, layers, experts, device, lora=False):
     `lora`, as `--lora-r 16` on CUDA: the base frozen in bf16, peft's fp32 adapters, the only parameters trained."""
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM  # noqa: F401 (imported
     if device == "cpu":                  # before part a); CUDA's setting: bf16 autocast over fp32 master weights
-        common.autocast = lambda device: torch.autocast("cpu", dtype=torch.bfloat16)
+        common.autocast = lambda model: torch.autocast("cpu", dtype=torch.bfloat16)
     if lora:
         import peft  # noqa: F401 (imported before part a)
     torch.manual_seed(0)
@@ -192,7 +192,7 @@ def measure(name, layers, experts, device, lora=False):
     # (b) and (c) are measured above the level before them, and AdamW's moments take no part in them: freed,
     # so that the largest models here fit 24 GB of RAM. The gradients stay (see below).
     del optimizer
-    with torch.no_grad(), common.autocast(torch.device(device)):        # the KV cache's dtypes, for its estimate
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):  # the KV cache's dtypes
         cache = model(input_ids=torch.ones(1, 2, dtype=torch.long, device=device), use_cache=True).past_key_values
     out["kv_bytes"] = cache.layers[0].keys.element_size() + cache.layers[0].values.element_size()
     rollout = random_rollout(COMPLETIONS, device)

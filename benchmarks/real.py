@@ -34,12 +34,14 @@ DATA_SEED, ROWS, HELD_OUT = 0, 1200, 240     # the scripts hold out min(--eval-s
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STEPS = 30
 SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", "8", "--lr", "1e-5",
-           "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
+           "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS),
+           "--dtype", "fp32"]
 # (label, script, flags after SETTING's). Each generation round samples 32 completions (ppo: one for each of 32
 # prompts); dapo.py's Dynamic Sampling samples rounds until 4 groups have a reward signal (2.6-2.9 rounds a step
 # here), so it generates more: real.md's column completions/step.
 PER_ROUND = 32
 ARMS = [("grpo", "grpo.py", []),
+        ("grpo bf16", "grpo.py", ["--dtype", "bf16"]),   # the scripts' default on a CPU with native bf16
         ("grpo lora", "grpo.py", ["--lora-r", "16", "--lr", "1e-4"]),
         ("gspo", "gspo.py", []),
         ("dapo", "dapo.py", []),
@@ -291,30 +293,48 @@ def finals(label, seeds):
 
 
 def versus(runs, a, b):
-    """Arm a's mean final held-out accuracy minus b's, its standard error and whether it is paired (bench.RULE)."""
+    """Arm a's mean final held-out accuracy minus b's by bench.RULE: a bench.Difference."""
     return bench.held_out_difference(finals(a, runs[a]), finals(b, runs[b]), HELD_OUT)
 
 
-def apart(difference, error):
-    return "beyond" if abs(difference) > 2 * error else "within"
+def gains(label, seeds):
+    """The line of an arm's held-out gain over its base: over seeds by bench.RULE (each seed's base is a fixed value,
+    its model decoded greedily), then each seed's with its evaluation's own error."""
+    base = lambda seed, rows: [(rows[0]["eval_accuracy"], bench.final_correct(run_dir(label, seed, RECORDS), 0))]
+    each = [bench.held_out_difference(finals(label, [(seed, rows)]), base(seed, rows), HELD_OUT)
+            for seed, rows in seeds]
+    gain = bench.seeds_difference([d.value for d in each])
+    by_seed = ", ".join(f"seed {seed} {d.value:+.3f} (evaluation ± {d.evaluation:.3f}, "
+                        f"{'paired' if d.paired else 'unpaired'})" for (seed, _), d in zip(seeds, each))
+    s = [summarise(rows) for _, rows in seeds]
+    finished = " and ".join(f"{r['among_finished_final']:.3f}" for r in s)
+    return (f"{label}: held-out gain over the base {bench.difference_text(gain)} over {len(seeds)} "
+            f"seed{'s' * (len(seeds) > 1)}; {by_seed}; accuracy among finished answers "
+            f"{s[0]['among_finished_base']:.3f} → {finished}.")
 
 
 def differences(runs):
-    """Every pair of arms: the difference of their final held-out accuracies and its standard error (bench.RULE)."""
+    """Every pair of arms: the difference of their mean final held-out accuracies, its standard error over seeds and
+    the evaluation's own beside it (bench.RULE)."""
     arms = [label for label, seeds in runs.items() if seeds]
-    lines = ["| arm A | arm B | A − B, final held-out | standard error | comparison | two standard errors |",
-             "|" + " --- |" * 6]
+    lines = ["| arm A | arm B | seeds A / B | A − B, final held-out | standard error over seeds | degrees of "
+             "freedom | t | beyond t standard errors | the evaluation's own error |", "|" + " --- |" * 9]
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
-            d, e, paired = versus(runs, a, b)
-            lines.append(f"| {a} | {b} | {d:+.3f} | {e:.3f} | {'paired' if paired else 'unpaired'} | "
-                         f"{'**beyond**' if apart(d, e) == 'beyond' else 'within'} |")
+            d = versus(runs, a, b)
+            if d.df >= 1:
+                seeds = (f"{d.error:.3f} | {d.df:.1f} | {bench.t_quantile(d.df):.2f} | "
+                         f"{'**beyond**' if bench.beyond(d) else 'within'}")
+            else:
+                seeds = "— | — | — | needs seeds"
+            lines.append(f"| {a} | {b} | {len(runs[a])} / {len(runs[b])} | {d.value:+.3f} | {seeds} | "
+                         f"{d.evaluation:.3f}, {'paired' if d.paired else 'unpaired'} |")
     return lines
 
 
 def claims(runs):
     """The seed's claims a dense real model can test, each with its figures and its verdict by bench.RULE, or what it
-    still needs (2 seeds an arm: a training quantity's standard error comes from its seeds)."""
+    still needs (2 seeds an arm: every standard error comes from the seeds)."""
     got = {label: seeds for label, seeds in runs.items() if len(seeds) >= 2}
     values = lambda label, key: [summarise(rows)[key] for _, rows in got[label]]
     shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
@@ -322,23 +342,22 @@ def claims(runs):
     lines = []
     if {"ppo", "grpo"} <= got.keys():
         q1, q4 = values("ppo", "ev_q1"), values("ppo", "ev_q4")
-        knows = statistics.fmean(q1) > 2 * bench.seeds_error(q1)      # it knows the first positions at all
-        diff, err = statistics.fmean(q1) - statistics.fmean(q4), bench.seeds_error(q1, q4)
-        d, e, paired = versus(got, "ppo", "grpo")
-        lines.append(f"- (a) PPO's critic knows late positions worse: **{bench.verdict(diff, err, knows)}**"
+        knows = bench.verdict(bench.seeds_difference(q1)) == "holds here"    # it knows the first positions at all
+        ev, d = bench.seeds_difference(q1, q4), versus(got, "ppo", "grpo")
+        lines.append(f"- (a) PPO's critic knows late positions worse: **{bench.verdict(ev, knows)}**"
                      + ("" if knows else ", as its critic explains nothing at any position (the first quarter's "
-                        "explained variance is within two standard errors of 0)") +
+                        "explained variance is within t standard errors of 0)") +
                      f": explained variance over the first / last quarter of each completion {shown('ppo', 'ev_q1')} "
-                     f"/ {shown('ppo', 'ev_q4')}, first minus last {bench.difference_text(diff, err)}. PPO's "
+                     f"/ {shown('ppo', 'ev_q4')}, first minus last {bench.difference_text(ev)}. PPO's "
                      f"held-out final {shown('ppo', 'final')} against GRPO's {shown('grpo', 'final')}: "
-                     f"{bench.difference_text(d, e, paired)}, {apart(d, e)} two standard errors.")
+                     f"{bench.difference_text(d)}: {'beyond' if bench.beyond(d) else 'within'} t standard errors.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
     if {"dapo", "dapo seq-mean"} <= got.keys():
-        d, e, paired = versus(got, "dapo", "dapo seq-mean")
+        d = versus(got, "dapo", "dapo seq-mean")
         lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
-                     f"**{bench.verdict(d, e)}**: held-out final {shown('dapo', 'final')} against the per-sequence "
-                     f"mean's {shown('dapo seq-mean', 'final')}: {bench.difference_text(d, e, paired)}. The two "
+                     f"**{bench.verdict(d)}**: held-out final {shown('dapo', 'final')} against the per-sequence "
+                     f"mean's {shown('dapo seq-mean', 'final')}: {bench.difference_text(d)}. The two "
                      f"losses differ where a batch's answers differ in length: over the first 5 steps they averaged "
                      f"{shown('dapo', 'length_start', '{:.0f}')} and {shown('dapo seq-mean', 'length_start', '{:.0f}')}"
                      f" tokens, {shown('dapo', 'truncated_start', '{:.2f}')} and "
@@ -349,12 +368,12 @@ def claims(runs):
                      f"{missing('dapo', 'dapo seq-mean')}.")
     if {"gspo", "grpo"} <= got.keys():
         times = statistics.fmean(values("gspo", "clip_frac")) / statistics.fmean(values("grpo", "clip_frac"))
-        d, e, paired = versus(got, "gspo", "grpo")
+        d = versus(got, "gspo", "grpo")
         lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
-                     f"**{bench.verdict(d, e) if times >= 10 else 'does not hold here'}**: it clips "
+                     f"**{bench.verdict(d) if times >= 10 else 'does not hold here'}**: it clips "
                      f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')} "
                      f"({times:.0f}×; far more: 10× or more); its held-out final {shown('gspo', 'final')} against "
-                     f"GRPO's {shown('grpo', 'final')}: {bench.difference_text(d, e, paired)}; s/step "
+                     f"GRPO's {shown('grpo', 'final')}: {bench.difference_text(d)}; s/step "
                      f"{shown('gspo', 'seconds_per_step', '{:.0f}')} against "
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:
@@ -509,13 +528,8 @@ def report():
               "below what else ran.", ""]
     lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
               if any(s == seed for s, _ in runs[label])] + [""]
-    for seed, rows in runs["grpo"]:
-        s, base = summarise(rows), (rows[0]["eval_accuracy"], bench.final_correct(run_dir("grpo", seed, RECORDS), 0))
-        gain, error, paired = bench.held_out_difference(finals("grpo", [(seed, rows)]), [base], HELD_OUT)
-        lines.append(f"grpo.py seed {seed}: held-out gain {gain:+.3f} over the base, {gain / error:.1f} standard "
-                     f"errors ({bench.difference_text(gain, error, paired)}); accuracy among finished answers "
-                     f"{s['among_finished_base']:.3f} → {s['among_finished_final']:.3f}.")
-    lines.append("")
+    if runs["grpo"]:
+        lines += [gains("grpo", runs["grpo"]), ""]
     if done:
         # LoRA runs export adapters (DIR/adapter, for peft), not a model: the best run that exported a whole one.
         exported = [d for d in done if (run_dir(d[0], d[1]) / "model").exists()
@@ -531,9 +545,11 @@ def report():
                       f"{check['run_last_eval']:.3f}.", ""]
     lr_runs = collect(LR_ARMS)
     lines += ["## Claims", ""] + claims(runs) + [breaks(lr_runs), ""]
-    lines += ["## Each arm against each other", "", "The final held-out accuracies' differences, by the rule above "
-              "(paired where both arms' runs recorded which problems they answered right; the runs recorded before "
-              "the scripts wrote it are compared unpaired, from their accuracies alone).", ""]
+    lines += ["## Each arm against each other", "", "The differences of the arms' mean final held-out accuracies, by "
+              "the rule above: the standard error over seeds, Welch's degrees of freedom and t at them, and beside "
+              "them the evaluation's own standard error (paired where both arms' runs recorded which problems they "
+              "answered right; the runs recorded before the scripts wrote it are compared unpaired, from their "
+              "accuracies alone). An arm of one seed gets no verdict.", ""]
     lines += differences(runs) + [""]
     lines += ["## Where each breaks: the lr study", ""] + lr_table(lr_runs) + [""]
     if done:

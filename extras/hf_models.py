@@ -35,7 +35,9 @@ def make_policy(args, device):
     world.static_cache = args.static_cache and not hf_routing.routers(model)  # an MoE model keeps generate's loop
     model = common.training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
     check_scoring(model, args.model)
-    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, lr {args.lr}")
+    model.bf16 = common.uses_bf16(args, device)
+    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, lr {args.lr}; "
+          f"{common.compute(model, device)}")
     return model, world
 
 

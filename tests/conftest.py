@@ -7,6 +7,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# One thread for every test and every subprocess a test starts (set before torch is imported): the toy and the tiny
+# Hugging Face models are too small to share cores, and two tests side by side would otherwise spin for each other.
+os.environ["OMP_NUM_THREADS"] = "1"
+
 # Tiny runs on the toy task: 4 prompts x 4 completions a step in 2 minibatches, 16 prompts evaluated every 2 steps.
 TINY_NO_STEPS = ["--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "16",
                  "--eval-every", "2"]

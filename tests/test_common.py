@@ -300,3 +300,87 @@ def test_the_learning_rate_follows_the_model(capsys):
     assert resolved(ppo, "--lr", "1e-5", "--critic-lr", "2e-5").critic_lr == 2e-5
     grpo.main(["--model", "m", "--data", "d", "--print-verl"])
     assert "actor_rollout_ref.actor.optim.lr=1e-06 \\" in capsys.readouterr().out
+
+
+def test_threads_follow_the_model_and_the_user_s_choice_wins(monkeypatch):
+    def threads(*flags):
+        args = common.parse_args(grpo.Args, grpo.__doc__, list(flags))
+        common.check_common_args(args)
+        assert torch.get_num_threads() == args.threads                  # and torch uses them
+        return args.threads
+    monkeypatch.setitem(common.THREADS, "torch", 4)                     # torch's own default: every core, say 4
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        assert threads() == 1                                           # the toy: one
+        assert threads("--model", "m", "--data", "d") == 4              # a real model: torch's default
+        assert threads("--threads", "3") == 3                           # the flag wins over both
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert threads() == 2 and threads("--model", "m", "--data", "d") == 2 and threads("--threads", "1") == 1
+        torch.set_num_threads(3)                                        # a program that calls main() set them
+        assert threads() == 3 and threads("--threads", "1") == 1
+    finally:
+        torch.set_num_threads(1)
+        common.THREADS["set"] = 1
+
+
+@pytest.mark.parametrize("device, model, native, dtype, bf16", [
+    ("cpu", None, True, "auto", False),          # the toy stays fp32
+    ("cpu", "m", True, "auto", True),            # a real model on a CPU with native bf16
+    ("cpu", "m", False, "auto", False),          # emulated bf16 is slower than fp32
+    ("cpu", "m", True, "fp32", False),
+    ("cpu", None, False, "bf16", True),          # asked for: given
+    ("cuda", None, False, "auto", True),         # as before on CUDA, the toy too
+])
+def test_bf16_where_the_hardware_computes_it(device, model, native, dtype, bf16, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert common.uses_bf16(grpo.Args(model=model, dtype=dtype), torch.device(device)) == bf16
+
+
+def test_bf16_autocast_computes_the_trunk_in_bf16_and_the_log_probs_in_fp32(hf_dense):
+    model, tokenizer = hf_models.load_hf(str(hf_dense), torch.device("cpu"))
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 6)
+    prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in ("1+2?", "what is 12+34?")]
+    torch.manual_seed(0)
+    rollout = common.generate(model, world, prompts, 2, 1.0)
+    fp32 = common.logprobs(model, world, rollout, 1.0)[0]
+    seen = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    model.bf16 = True
+    bf16 = common.logprobs(model, world, rollout, 1.0)[0]
+    assert seen == [torch.bfloat16] and bf16.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
+    m = rollout.mask.bool()
+    assert 0 < (bf16 - fp32)[m].abs().max() < 0.1                       # bf16's rounding, nothing more
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_a_minibatch_cut_to_its_columns_gives_the_same_log_probs_and_routing(kind, hf_dense, hf_moe):
+    model, tokenizer = hf_models.load_hf(str(hf_dense if kind == "dense" else hf_moe), torch.device("cpu"))
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 12)
+    texts = ["1+2?", "what is 12+34? ok ok ok", "7*8=", "9-3?"]
+    prompts = [torch.tensor(tokenizer(p)["input_ids"]) for p in texts]
+    torch.manual_seed(0)
+    rollout = common.generate(model, world, prompts, 2, 1.0)
+    lengths = rollout.mask.sum(1)
+    rollout.mask[2:4], lengths[2:4] = 0, 3                              # rows 2-3 end early: a shorter minibatch
+    rollout.mask[2:4, :3] = 1
+    rows = torch.tensor([0, 1, 4, 5, 6, 7])                             # without the longest prompt's rows (2-3)
+    cut, start, end = common.needed_columns(rollout[rows])
+    P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+    assert start == P - max(len(prompts[i // 2]) for i in rows.tolist()) > 0
+    assert end == P + int(lengths[rows].max()) and cut.tokens.shape[1] == end - start
+    mine = common.logprobs(model, world, rollout[rows], 1.0)
+    whole = lambda r: (r, 0, r.tokens.shape[1])
+    original, common.needed_columns = common.needed_columns, whole
+    try:
+        every = common.logprobs(model, world, rollout[rows], 1.0)
+    finally:
+        common.needed_columns = original
+    m = rollout.mask[rows].bool()
+    assert torch.allclose(mine[0], every[0], atol=1e-5) and (mine[0][~m] == 0).all()
+    assert torch.allclose(mine[1], every[1], atol=1e-5)
+    if kind == "moe":                       # the routing of every position the cut kept, at the same place
+        assert mine[2].shape == every[2].shape and torch.equal(mine[2][:, :, start:end - 1],
+                                                               every[2][:, :, start:end - 1])
+        replayed = common.logprobs(model, world, rollout[rows], 1.0, routing=every[2])   # Routing Replay, cut too
+        assert torch.allclose(replayed[0], mine[0], atol=1e-5) and torch.equal(replayed[2], mine[2])

@@ -39,6 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--max-grad-norm", "0"], "--max-grad-norm must be positive"),
     (["--eval-size", "0"], "--eval-size must be positive"),
     (["--eval-every", "-5"], "--eval-every must be 0"),
+    (["--threads", "0"], "--threads must be positive, got 0"),
+    (["--threads", "-2"], "--threads must be positive, got -2"),
+    (["--dtype", "fp16"], "unknown --dtype 'fp16'; use auto, bf16 or fp32"),
 ])
 def test_bad_flags(argv, message, capsys):
     code, err = run(grpo, argv, capsys)

@@ -102,7 +102,9 @@ def test_the_reference_with_the_adapters_off_is_the_initial_policy(lora_run, hf_
     out, policy, world = lora_run
     rollout = common.generate(policy, world, [p for p, _ in world.train[:2]], 3, 1.0)
     ref_logp = common.fixed_logprobs(common.frozen_copy(policy), world, rollout, 1.0, 2)[0]
-    base_logp = common.fixed_logprobs(base_model(hf_moe), world, rollout, 1.0, 2)[0]
+    base = base_model(hf_moe)
+    base.bf16 = policy.bf16                     # computed as the run computes (bf16 on a CPU with native bf16)
+    base_logp = common.fixed_logprobs(base, world, rollout, 1.0, 2)[0]
     assert torch.equal(ref_logp, base_logp)
     policy_logp = common.fixed_logprobs(policy, world, rollout, 1.0, 2)[0]
     assert not torch.allclose(policy_logp, base_logp)                          # the adapters are back on
