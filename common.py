@@ -30,7 +30,9 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import difflib
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -61,6 +63,19 @@ class UsageError(Exception):
 def check(ok, message):
     if not ok:
         raise UsageError(message)
+
+
+def side_module(name, flag):
+    """extras/<name>.py, imported when `flag` asks for it. A copy of a script with only common.py and moe_model.py (all
+    the toy needs) says in one line which file the flag needs, not with a traceback."""
+    try:
+        return importlib.import_module(f"extras.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != "extras" and not e.name.startswith("extras."):
+            raise                                                   # a package missing: its own message says which
+        missing = "extras/__init__.py" if e.name == "extras" else f"{e.name.replace('.', '/')}.py"
+        raise UsageError(f"{flag} needs {missing} beside common.py (extras/__init__.py lists what each file of "
+                         f"extras/ is for); copy it from the project") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,7 +114,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     eos_ids = torch.tensor(world.eos_ids, device=device)
     with sampling_mode(model):
         if world.static_cache and use_cache:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
-            from extras import static_decode
+            static_decode = side_module("static_decode", "--static-cache")
             new, entropy = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
         else:
             logits, cache = forward(model, tokens, attention_mask)
@@ -141,7 +156,7 @@ def sampling_mode(model):
     was_training = model.training
     model.eval()
     if not isinstance(model, MoETransformer):
-        from extras import hf_routing
+        hf_routing = side_module("hf_routing", "--model")
         hf_routing.set_replay(model, None)              # sampling routes freely (a Hugging Face MoE model)
     try:
         with autocast(model):
@@ -294,7 +309,7 @@ def trunk(model, tokens, attention_mask, routing=None):
     if isinstance(model, MoETransformer):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
-    from extras import hf_routing                                   # --model: the routers of a Hugging Face MoE
+    hf_routing = side_module("hf_routing", "--model")              # --model: the routers of a Hugging Face MoE
     positions = position_ids(attention_mask)
     hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
@@ -369,8 +384,7 @@ def check_replay(model):
     """--routing-replay stops before training unless the model's routing can really be replayed: the toy MoE, or a
     Hugging Face MoE model that passes extras/hf_routing.check_replay."""
     if not isinstance(model, MoETransformer):
-        from extras import hf_routing
-        return hf_routing.check_replay(model)
+        return side_module("hf_routing", "--model").check_replay(model)
     check(model.cfg.n_experts > 1, "--routing-replay needs a Mixture-of-Experts model (the toy with --n-experts 1 "
                                    "is dense)")
 
@@ -484,9 +498,10 @@ def split_eval(rows, n_held_out):
     """A fixed held-out set, the same for every seed: a seeded shuffle, the first rows held out."""
     perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(1234)).tolist()
     n_held_out = min(n_held_out, len(rows) // 5)
-    if n_held_out == 0:  # too few rows to hold any out: evaluate on the training rows, and say so
+    if n_held_out == 0:  # too few rows to hold any out: evaluate on the training rows (the same list), and say so
         print(f"note: only {len(rows)} rows, too few to hold some out; evaluating on training rows", file=sys.stderr)
-        return [rows[i] for i in perm], [rows[i] for i in perm]
+        rows = [rows[i] for i in perm]
+        return rows, rows
     return [rows[i] for i in perm[n_held_out:]], [rows[i] for i in perm[:n_held_out]]
 
 
@@ -606,12 +621,10 @@ def make_policy(args, device):
     --model and --data (extras/hf_models.make_policy)."""
     check(args.dtype != "bf16" or device.type in ("cuda", "cpu"), "--dtype bf16 needs a CUDA device or the CPU")
     if args.model is not None:
-        from extras import hf_models
-        return hf_models.make_policy(args, device)
+        return side_module("hf_models", "--model").make_policy(args, device)
     world = toy_world(args.task, args.eval_size, args.max_new_tokens, args.chain_length)
     if args.reward:                                                  # yours, instead of the task's
-        from extras import rewards
-        world.reward = rewards.load_reward(args.reward)
+        world.reward = side_module("rewards", "--reward").load_reward(args.reward)
     cfg = toy_model_config(args, world)
     # The warm start stops on all 500 held-out prompts whatever --eval-size: one base fits all.
     model, path = warm_start(toy_world(args.task, 500, args.max_new_tokens, args.chain_length), cfg,
@@ -774,9 +787,9 @@ def parse_args(cls, doc, argv=None):
     a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`."""
     script = Path(sys.argv[0]).name
     summary = "\n\n".join(doc.split("\n\n")[:2])      # the title and what it is; the rest of the guide is in the file
-    parser = argparse.ArgumentParser(description=f"{summary}\n\nThe formula, how to run it and what to expect: the "
-                                                 f"docstring at the top of {script}.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=f"{summary}\n\nThe formula, how to run it and what to expect: the docstring at the top "
+                                f"of {script}.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    allow_abbrev=False)                           # --step 3 is a typo, not --steps 3
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag, kind, help = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
@@ -791,6 +804,19 @@ def parse_args(cls, doc, argv=None):
         shown = "" if "default" in help else f" (default: {f.default})"  # a help text may say it better
         parser.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help + shown)
     return cls(**vars(parser.parse_args(argv)))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one line for a mistake, not the usage block: an unknown flag is named with the closest real ones."""
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments: "):
+            known = [option for action in self._actions for option in action.option_strings if option != "--help"]
+            unknown = [word.split("=")[0] for word in message.split(": ", 1)[1].split() if word.startswith("-")]
+            close = lambda flag: difflib.get_close_matches(flag, known, n=2, cutoff=0.7)
+            message = "; ".join(f"unknown flag {flag}" + (f" (did you mean {' or '.join(close(flag))}?)"
+                                                          if close(flag) else "") for flag in unknown) or message
+        self.exit(2, f"error: {message}\n")
 
 
 def check_common_args(args, min_group_size=2):
@@ -832,6 +858,10 @@ def check_common_args(args, min_group_size=2):
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
     check(args.dtype in ("auto", "bf16", "fp32"), f"unknown --dtype {args.dtype!r}; use auto, bf16 or fp32")
+    if args.resume:           # before the model is built: a mistyped folder should not cost a warm start first
+        check(Path(args.resume).is_dir(), f"--resume {args.resume}: no such folder")
+        check((Path(args.resume) / "checkpoint.pt").is_file(), f"--resume {args.resume}: no checkpoint.pt in that "
+                                                               f"folder (to start a run there afresh: --out {args.resume})")
     set_threads(args)
 
 
@@ -916,8 +946,8 @@ def run_main(train, args):
     stop with exit code 1, Ctrl-C or SIGTERM after its checkpoint with 130 or 143. No tracebacks."""
     try:
         if args.print_verl or args.print_trl or args.export_verl_data:
-            from extras import graduate
-            graduate.graduate(Path(inspect.getfile(train)).stem, args)
+            flag = "--print-verl" if args.print_verl else "--print-trl" if args.print_trl else "--export-verl-data"
+            side_module("graduate", flag).graduate(Path(inspect.getfile(train)).stem, args)
         else:
             train(args)
     except UsageError as e:
@@ -975,7 +1005,8 @@ class Run:
             self.metrics_path.write_text("")
             self.correct_path.write_text("")
             self.write({"step": 0, **evaluate(self.policy, world, self.eval_batch)})
-            print(f"step 0: eval accuracy (greedy, {len(world.eval)} held-out prompts) "
+            which = "training" if world.eval is world.train else "held-out"      # split_eval: too few rows
+            print(f"step 0: eval accuracy (greedy, {len(world.eval)} {which} prompts) "
                   f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
 
     def steps(self):
@@ -1058,8 +1089,7 @@ class Run:
         vocabulary (a token's id is its index), or a Hugging Face model (extras/hf_models.export: with LoRA, its
         adapters). Returns the folders written."""
         if not isinstance(self.policy, MoETransformer):
-            from extras import hf_models
-            return hf_models.export(self)
+            return side_module("hf_models", "--model").export(self)
         with self.new_folder("model") as tmp:
             moe_model.save(self.policy, tmp)
             (tmp / "vocab.json").write_text(json.dumps(TOY_VOCAB) + "\n")
@@ -1094,9 +1124,7 @@ class Run:
         return rows
 
     def load(self):
-        where = f"--resume {self.args.resume}"
-        check(self.checkpoint_path.is_file(), f"{where}: no checkpoint.pt in that folder (to start a run there "
-                                              f"afresh: --out {self.out})")
+        where = f"--resume {self.args.resume}"         # check_common_args saw that it has a checkpoint.pt
         try:  # weights_only: a checkpoint is data, never code to run
             checkpoint = torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
         except Exception as e:

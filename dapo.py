@@ -281,14 +281,14 @@ def train(args):
             metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), mask)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
         record = {"step": step, **common.rollout_metrics(task_rewards, rollout), **common.mean_metrics(stats),
                   **sampling, "shaped_reward_mean": rewards.mean().item(),
                   "overlong_punished_frac": (rewards < task_rewards).float().mean().item(),
-                  "step_time_s": t3 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
-                  "time_update_s": t3 - t2}
+                  "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
+                  "time_update_s": t4 - t2}
         run.log(record)
 
     run.finish()

@@ -9,7 +9,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
+import urllib.parse
 import warnings
 from decimal import Decimal
 from pathlib import Path
@@ -67,16 +69,24 @@ def load_hf(name, device, dtype=torch.float32):
         path = gguf_folder(name)
     elif not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
         check(not os.path.exists(path), f"--model {name}: not a folder")
-        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1, f"--model {name}: no such folder")
+        check(not name.startswith((".", "/", "~")) and name.count("/") == 1,
+              f"--model {name}: no such folder (and not a Hub id: those look like org/name)")
     else:
         check(os.path.isfile(os.path.join(path, "config.json")),
               f"--model {name}: no config.json in that folder, so not a Hugging Face model")
+    # A Hub id with the Hub out of reach: its copy in the Hugging Face cache, else one line at once (without this,
+    # huggingface_hub retries for about 25 s and prints a warning each time before the same failure).
+    offline = not os.path.isdir(path) and hub_unreachable()
     name = path
     try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype, use_kernels=False)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=bool(offline))
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype, use_kernels=False,
+                                                     local_files_only=bool(offline))
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=bool(offline))
     except (OSError, ValueError, KeyError) as e:
+        if offline:
+            raise UsageError(f"--model {name}: not in the Hugging Face cache, and the Hub cannot be reached "
+                             f"({offline})") from None
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -84,6 +94,20 @@ def load_hf(name, device, dtype=torch.float32):
     # and training_mode will set its dropout to 0.
     model.original_config = config
     return hf_routing.watch_routers(model.to(device)), tokenizer
+
+
+def hub_unreachable(timeout=5):
+    """Why the Hugging Face Hub cannot be reached ("offline" when HF_HUB_OFFLINE is set), or None when it can: one
+    connection to its host, a few seconds at most."""
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urllib.parse.urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return None
+    except OSError as e:
+        return f"{host}: {e.strerror or e}"
 
 
 def gguf_folder(name):

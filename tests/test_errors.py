@@ -2,8 +2,12 @@
 import is not refused."""
 import importlib
 import json
+import os
 import pickle
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ from conftest import TINIER, run
 
 import common
 import grpo
-from extras import rewards
+from extras import hf_models, rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +55,68 @@ def test_bad_flags(argv, message, capsys):
 def test_model_folder_that_does_not_exist(tmp_path, jsonl, capsys):
     code, err = run(grpo, ["--model", str(tmp_path / "nope"), "--data", str(jsonl)], capsys)
     assert code == 2 and "no such folder" in err
+
+
+@pytest.mark.parametrize("reach, message", [
+    (lambda *a, **k: (_ for _ in ()).throw(OSError(-2, "Name or service not known")),
+     "--model org/model: not in the Hugging Face cache, and the Hub cannot be reached (huggingface.co: Name or service "
+     "not known)"),
+    (None, "--model mymodel: no such folder (and not a Hub id: those look like org/name)")])
+def test_a_model_name_that_is_no_folder_and_a_hub_out_of_reach_are_one_line_at_once(reach, message, jsonl, capsys,
+                                                                                        monkeypatch, tmp_path):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))                        # an empty cache
+    monkeypatch.setattr(hf_models.socket, "create_connection", reach or (lambda *a, **k: 1 / 0))
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    code, err = run(grpo, ["--model", "org/model" if reach else "mymodel", "--data", str(jsonl)], capsys)
+    assert code == 2 and err == f"error: {message}\n" and time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--step", "3"], "error: unknown flag --step (did you mean --steps?)\n"),      # no abbreviations
+    (["--lrr", "1", "--stepz=3"], "error: unknown flag --lrr (did you mean --lr or --lora-r?); unknown flag --stepz "
+                                  "(did you mean --steps?)\n"),
+    (["--routingreplay"], "error: unknown flag --routingreplay (did you mean --routing-replay?)\n"),
+])
+def test_an_unknown_flag_is_one_line_with_the_closest_real_ones(argv, message, capsys):
+    code, err = run(grpo, argv, capsys)
+    assert (code, err) == (2, message)
+
+
+def test_resume_from_a_folder_without_a_checkpoint_says_so_before_building_anything(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(common, "warm_start", lambda *a: 1 / 0)        # nothing is built
+    code, err = run(grpo, ["--resume", str(tmp_path / "nope")], capsys)
+    assert (code, err) == (2, f"error: --resume {tmp_path / 'nope'}: no such folder\n")
+    code, err = run(grpo, ["--resume", str(tmp_path)], capsys)
+    assert code == 2 and err.startswith(f"error: --resume {tmp_path}: no checkpoint.pt in that folder")
+
+
+def test_a_copy_of_a_script_for_the_toy_names_the_file_a_flag_needs(tmp_path):
+    for name in ("grpo.py", "common.py", "moe_model.py"):                 # all the toy needs
+        shutil.copy(ROOT / name, tmp_path)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')
+    env = dict(os.environ, PYTHONPATH="")
+    for flags, file in [(["--reward", "r.py:f"], "extras/__init__.py"), (["--model", "m", "--data", "data.jsonl"],
+                        "extras/__init__.py"), (["--print-trl"], "extras/__init__.py")]:
+        out = subprocess.run([sys.executable, "grpo.py", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert (out.returncode, out.stderr) == (2, f"error: {flags[0]} needs {file} beside common.py (extras/__init__.py "
+                                                   f"lists what each file of extras/ is for); copy it from the project\n")
+    (tmp_path / "extras").mkdir()
+    shutil.copy(ROOT / "extras" / "__init__.py", tmp_path / "extras")
+    out = subprocess.run([sys.executable, "grpo.py", "--print-verl"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and out.stderr.startswith("error: --print-verl needs extras/graduate.py beside common.py")
+
+
+def test_too_few_rows_to_hold_out_are_evaluated_as_training_prompts(tmp_path, hf_dense, capsys):
+    data = tmp_path / "two.jsonl"
+    data.write_text('{"prompt": "1+1?", "answer": 2}\n{"prompt": "2+2?", "answer": 4}\n')
+    code = run(grpo, ["--model", str(hf_dense), "--data", str(data), "--steps", "1", "--prompts-per-step", "1",
+                      "--group-size", "2", "--minibatches", "1", "--max-new-tokens", "2", "--out", str(tmp_path / "o")])[0]
+    printed = capsys.readouterr()
+    assert code == 0 and "step 0: eval accuracy (greedy, 2 training prompts)" in printed.out
 
 
 def test_model_folder_that_is_not_a_model(tmp_path, jsonl, capsys):
@@ -124,7 +190,7 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
     ("gspo", ["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
     ("gspo", ["--clip-eps-high", "-0.0001"], "--clip-eps-low and --clip-eps-high must be positive"),
     ("gspo", ["--group-size", "1"], "--group-size must be at least 2"),
-    ("gspo", ["--routing-replay"], "unrecognized arguments: --routing-replay"),
+    ("gspo", ["--routing-replay"], "error: unknown flag --routing-replay\n"),
     ("dapo", ["--clip-eps-low", "0"], "--clip-eps-low and --clip-eps-high must be positive"),
     ("dapo", ["--max-generation-rounds", "0"], "--max-generation-rounds must be positive"),
     ("dapo", ["--overlong-buffer", "8"], "--overlong-buffer must be between 1 and --max-new-tokens - 1 (7), got 8"),
