@@ -171,8 +171,10 @@ def trl_config_kwargs(algorithm, args):
               "gradient_accumulation_steps": 1, "num_iterations": 1, "learning_rate": args.lr,
               "max_grad_norm": args.max_grad_norm, "temperature": args.temperature, "max_steps": args.steps * k,
               "max_completion_length": args.max_new_tokens or 256, "seed": args.seed,
-              "gradient_checkpointing": args.gradient_checkpointing, "top_p": 1.0, "top_k": 0,
-              "lr_scheduler_type": "constant", "weight_decay": 0.0}
+              "top_p": 1.0, "top_k": 0, "lr_scheduler_type": "constant", "weight_decay": 0.0,
+              # transformers 5.25's name. The old one, gradient_checkpointing, warns that it goes in v6, even left
+              # out (TRL sets it to True by default); this one, given, sets both.
+              "activation_checkpointing": args.gradient_checkpointing}
     if algorithm == "grpo":
         kwargs |= {"loss_type": "grpo", "epsilon": args.clip_eps, "epsilon_high": args.clip_eps, "beta": args.beta}
     elif algorithm == "gspo":

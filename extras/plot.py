@@ -5,52 +5,166 @@
     python -m extras.plot DIR --out run.png
 
 Panels: the sampled reward and accuracy, the greedy held-out accuracy (the evaluations), the completion length and
-the share cut off, the clip fraction, and the KL estimates (k3 KL(old || new) of the update, the KL to the reference
-where the run has one). A quantity the run did not log is left out. Over many steps each quantity is drawn faint,
-under its running mean over a fiftieth of them. Needs matplotlib (pip install matplotlib).
+the share cut off, the clip fraction, the KL estimates (k3 KL(old || new) of the update, the KL to the reference
+where the run has one) and, on MoE runs, what routing did since the rollout: the routing drift, and |log r| of the
+re-routed tokens against the others. A quantity the run did not log is left out. The title names the script, the
+task or model, the settings that differ from the script's defaults (read from the run's checkpoint.pt) and the
+held-out accuracy from base to last. Over many steps each quantity is drawn faint, under its running mean over a
+fiftieth of them. Needs matplotlib (pip install matplotlib).
 """
 import argparse
+import dataclasses
+import importlib
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
-PANELS = [("reward", ["reward_mean", "accuracy"]), ("held-out accuracy (greedy)", ["eval_accuracy"]),
-          ("completion length", ["response_len_mean"]), ("cut off at the limit", ["truncated_frac"]),
-          ("clip fraction", ["clip_frac"]), ("KL", ["approx_kl", "kl_ref"])]
+# (title, y axis, [(key, legend)]): a legend of None where the title says what the line is.
+PANELS = [("sampled reward and accuracy", "mean over the step's completions",
+           [("reward_mean", "reward_mean"), ("accuracy", "accuracy (share right)")]),
+          ("held-out accuracy (greedy)", "share right", [("eval_accuracy", None)]),
+          ("completion length", "tokens", [("response_len_mean", None)]),
+          ("cut off at the limit", "share of completions", [("truncated_frac", None)]),
+          ("clip fraction", "share of tokens clipped", [("clip_frac", None)]),
+          ("KL per token", "nats", [("approx_kl", "approx_kl: KL(old ‖ new), the update (k3)"),
+                                    ("kl_ref", "kl_ref: KL(policy ‖ reference)")]),
+          ("routing drift since the rollout (MoE)", "share of (token, layer) pairs re-routed",
+           [("routing_drift", None)]),
+          ("|log r| of re-routed vs other tokens (MoE)", "mean |log r| (nats)",
+           [("abs_log_ratio_rerouted", "re-routed tokens"), ("abs_log_ratio_other", "other tokens")])]
+# Settings that say where or how the run ran, not what it trained: left out of the title.
+PLUMBING = {"out", "resume", "device", "threads", "save_every", "print_verl", "print_trl", "export_verl_data"}
+# Shown in the title's own words, not as flags.
+SHAPE = {"task", "model", "data", "prompts_per_step", "group_size", "minibatches", "lr", "critic_lr"}
 
 
-def plot(rows, path, title):
-    """The panels of PANELS that the rows have, three a row, to `path`; returns the panels drawn."""
+def number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def series(rows, key):
+    """(steps, values) of the rows that logged `key` as a number: NaN (no re-routed token in a step, say) is a gap."""
+    points = [(r["step"], r[key]) for r in rows if number(r.get(key))]
+    return tuple(zip(*points)) if points else ((), ())
+
+
+def running_mean(values, width):
+    """The mean of each value and the width - 1 before it (fewer at the start)."""
+    windows = [values[max(0, i - width + 1):i + 1] for i in range(len(values))]
+    return [sum(w) / len(w) for w in windows]
+
+
+def figure(rows, title):
+    """The panels of PANELS that the rows have, three a row, as a matplotlib figure; returns it and the panels'
+    titles."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
-    panels = [(name, [k for k in keys if any(r.get(k) is not None for r in rows)]) for name, keys in PANELS]
-    panels = [(name, keys) for name, keys in panels if keys]
+    panels = []
+    for name, ylabel, lines in PANELS:
+        lines = [(key, legend) for key, legend in lines if series(rows, key)[0]]
+        keys = [key for key, _ in lines]
+        if keys == ["reward_mean", "accuracy"] and all(
+                number(r.get("accuracy")) and math.isclose(r["reward_mean"], r["accuracy"], abs_tol=1e-9)
+                for r in rows if number(r.get("reward_mean"))):
+            lines = [("reward_mean", "reward_mean = accuracy (share right)")]   # one line would hide the other
+        if lines:
+            panels.append((name, ylabel, lines))
     grid_rows = (len(panels) + 2) // 3
-    fig, axes = plt.subplots(grid_rows, 3, figsize=(10, 3 * grid_rows), squeeze=False)
+    fig, axes = plt.subplots(grid_rows, 3, figsize=(11, 3.2 * grid_rows + 1), squeeze=False)
     for ax in axes.flat[len(panels):]:
-        ax.axis("off")
-    for ax, (name, keys) in zip(axes.flat, panels):
-        for key in keys:
-            steps, values = zip(*[(r["step"], r[key]) for r in rows if r.get(key) is not None])
+        ax.remove()
+    widths = set()
+    for ax, (name, ylabel, lines) in zip(axes.flat, panels):
+        for key, legend in lines:
+            steps, values = series(rows, key)
             width = len(values) // 50     # many steps are noisy: each drawn faint, under their running mean
             if width < 2:
-                ax.plot(steps, values, marker="o" if len(values) < 30 else None, ms=3, label=key)
+                ax.plot(steps, values, marker="o" if len(values) < 30 else None, ms=3, label=legend)
                 continue
+            widths.add(width)
             raw = ax.plot(steps, values, lw=0.5, alpha=0.3)[0]
-            window = [values[max(0, i - width + 1):i + 1] for i in range(len(values))]
-            mean = [sum(w) / len(w) for w in window]
-            ax.plot(steps, mean, color=raw.get_color(), label=f"{key} (mean of {width})")
+            ax.plot(steps, running_mean(values, width), color=raw.get_color(), label=legend)
         ax.set_title(name, fontsize=10)
-        ax.set_xlabel("step")
-        if len(keys) > 1:
+        ax.set_xlabel("step (rollout batch)", fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=9)
+        if any(legend for _, legend in lines):
             ax.legend(fontsize=8)
+    if widths:   # said once for every panel, not in each legend
+        fig.text(0.5, 0.005, f"faint: each step's value; solid: its running mean over the last "
+                             f"{' or '.join(map(str, sorted(widths)))} steps", ha="center", va="bottom", fontsize=9)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 if widths else 0, 1, 1))
+    return fig, [name for name, _, _ in panels]
+
+
+def plot(rows, path, title):
+    """figure(rows, title) written to `path`; returns the panels drawn."""
+    import matplotlib.pyplot as plt
+    fig, panels = figure(rows, title)
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return [name for name, _ in panels]
+    return panels
+
+
+def flag(name, value):
+    """A setting as the flag that gives it: `--lr 3e-06`, `--routing-replay`, `--no-clip-higher`."""
+    option = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{option}" if value else f"--no-{option}"
+    return f"--{option} {value}"
+
+
+def read_settings(folder):
+    """The run's checkpoint.pt: (its script's name, its arguments), or (None, why there are none)."""
+    path = folder / "checkpoint.pt"
+    if not path.is_file():
+        return None, "no checkpoint.pt, so no settings"
+    import torch
+    try:
+        # mmap: only the arguments are read, not a real model's gigabytes of weights.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return checkpoint["algorithm"], dict(checkpoint["args"])
+    except Exception as e:   # torn, or not one of ours: the plot is still worth having
+        return None, f"checkpoint.pt unreadable ({str(e).splitlines()[0][:80]})"
+
+
+def title(folder, rows):
+    """What the run is: script, task or model, settings that differ from the script's defaults, and the held-out
+    accuracy from the first evaluation to the last."""
+    algorithm, args = read_settings(folder)
+    if algorithm is None:
+        lines = [f"{folder} ({args})"]
+    else:
+        if args.get("model"):
+            what = args["model"] + (f" on {args['data']}" if args.get("data") else "")
+        else:
+            what = f"toy task {args.get('task')}"
+        lines = [f"{algorithm}.py, {what}: {folder}"]
+        shape = []
+        if "prompts_per_step" in args and "group_size" in args:
+            shape.append(f"{args['prompts_per_step']} prompts × {args['group_size']} completions a step")
+        if "minibatches" in args:
+            shape.append(f"{args['minibatches']} minibatches")
+        if number(args.get("lr")):
+            shape.append(f"lr {args['lr']:g}")
+        if number(args.get("critic_lr")):   # ppo.py's, set from --lr unless given
+            shape.append(f"critic lr {args['critic_lr']:g}")
+        try:   # the defaults of the script as it is now (without it, only the shape above)
+            defaults = {f.name: f.default for f in dataclasses.fields(importlib.import_module(algorithm).Args)}
+        except (ImportError, AttributeError):
+            defaults = {}
+        changed = [flag(name, value) for name, value in args.items()
+                   if name in defaults and name not in PLUMBING | SHAPE and value != defaults[name]]
+        lines.append(", ".join(shape) + (f"; {' '.join(changed)}" if changed else ""))
+    steps, accuracy = series(rows, "eval_accuracy")
+    if steps:
+        first = "base" if steps[0] == 0 else f"step {steps[0]}"
+        lines.append(f"held-out accuracy (greedy): {first} {accuracy[0]:.3f}" +
+                     (f" → {accuracy[-1]:.3f} at step {steps[-1]}" if len(steps) > 1 else ""))
+    return "\n".join(lines)
 
 
 def fail(message):
@@ -84,7 +198,7 @@ def main(argv=None):
         fail("plotting needs matplotlib, which is not installed: pip install matplotlib")
     for metrics, rows in [read(run) for run in args.runs]:   # every run read first: a bad one stops before any PNG
         out = Path(args.out) if args.out else metrics.with_suffix(".png")
-        print(f"wrote {out} ({', '.join(plot(rows, out, str(metrics.parent)))})")
+        print(f"wrote {out} ({', '.join(plot(rows, out, title(metrics.parent, rows)))})")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,7 @@ def trainer_arguments(trl_root):
     return {a.arg for a in init.args.args + init.args.kwonlyargs}
 
 
-def test_every_trl_name_of_the_table_is_in_trl():
+def test_every_trl_name_of_the_table_is_in_trl(tmp_path):
     pytest.importorskip("trl", reason="trl is not installed (pip install --no-deps trl==1.16.0)")
     import trl.rewards
     from trl import GRPOConfig
@@ -172,8 +173,11 @@ def test_every_trl_name_of_the_table_is_in_trl():
                 assert choice in {s.value for s in SchedulerType}, f"README: {name}={value}"
                 continue
             assert f"'{choice}'" in fields[name].metadata["help"], f"README: {name}={value}"
-    # The defaults the table states.
-    assert fields["loss_type"].default == "dapo" and fields["gradient_checkpointing"].default is True
+    # The defaults the table states. Activation checkpointing is on through TRL's default for its old name, which
+    # transformers 5.25 warns of: why the printed config names activation_checkpointing.
+    assert fields["loss_type"].default == "dapo"
+    with pytest.warns(FutureWarning, match="`gradient_checkpointing` is deprecated"):
+        assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).activation_checkpointing is True
 
 
 def test_dapo_sequence_mean_divides_by_every_completion_masked_ones_too():
@@ -199,6 +203,11 @@ SETTINGS = [(grpo, []), (grpo, ["--beta", "0.04", "--clip-eps", "0.1", "--routin
 def printed(script, flags, capsys, what="--print-verl"):
     script.main([*MODEL_AND_DATA, *flags, what])
     return capsys.readouterr().out
+
+
+def config_call(code):
+    """The `GRPOConfig(...)` call of a printed TRL program."""
+    return re.search(r"^config = (GRPOConfig\(.*?^\))", code, re.S | re.M).group(1)
 
 
 def overrides(text):
@@ -305,8 +314,11 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     args = common.parse_args(script.Args, script.__doc__, [*MODEL_AND_DATA, *flags])
     common.check_common_args(args, min_group_size=1)
     code = printed(script, flags, capsys, "--print-trl")
-    call = re.search(r"^config = (GRPOConfig\(.*?^\))", code, re.S | re.M).group(1)
-    config = eval(call, {"GRPOConfig": GRPOConfig, "gpu": torch.cuda.is_available()})
+    with warnings.catch_warnings(record=True) as caught:  # no warning: every name as the pinned versions spell it
+        warnings.simplefilter("always")
+        config = eval(config_call(code), {"GRPOConfig": GRPOConfig, "gpu": torch.cuda.is_available()})
+    assert not caught, [f"{w.category.__name__}: {w.message}" for w in caught]
+    assert config.activation_checkpointing == config.gradient_checkpointing == args.gradient_checkpointing
     eps_low = args.clip_eps if script is grpo else args.clip_eps_low
     eps_high = (args.clip_eps if script is grpo else args.clip_eps_high if script is gspo or args.clip_higher
                 else args.clip_eps_low)
@@ -321,6 +333,15 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     assert ("peft_config=LoraConfig(r=8" in code) == bool(args.lora_r)
     shaping = script is dapo and args.overlong_shaping           # dapo.py's buffer: a quarter of the limit by default
     assert shaping == (f"get_soft_overlong_punishment(512, {shaping and (args.overlong_buffer or 128)})" in code)
+
+
+def test_the_printed_trl_program_trains_in_bf16_on_a_gpu_and_in_fp32_on_the_cpu(capsys):
+    # Whichever machine runs the tests, the printed config is read both ways: its keywords, with `gpu` true and false.
+    code = printed(grpo, [], capsys, "--print-trl")
+    assert any(line.startswith("gpu = torch.cuda.is_available()") for line in code.splitlines())
+    for gpu in (True, False):
+        kwargs = eval(config_call(code), {"GRPOConfig": dict, "gpu": gpu})
+        assert (kwargs["bf16"], kwargs["use_cpu"]) == (gpu, not gpu), f"gpu={gpu}"
 
 
 @pytest.mark.parametrize("script, fixture, chat", [(grpo, "hf_dense", False), (dapo, "hf_chat", True)])

@@ -19,8 +19,9 @@ def test_a_run_s_metrics_become_a_png_of_the_panels_it_logged(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS) + '{"step": 3, "rew')
     plot.main([str(tmp_path)])
     assert (tmp_path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (reward, held-out accuracy (greedy), "
-                                       f"completion length, cut off at the limit, clip fraction, KL)\n")
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled reward and accuracy, held-out "
+                                       f"accuracy (greedy), completion length, cut off at the limit, clip fraction, "
+                                       f"KL per token)\n")
     # Without the update's keys (a run stopped after its base evaluation): only the panel it has.
     (tmp_path / "base.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
     plot.main([str(tmp_path / "base.jsonl"), "--out", str(tmp_path / "base.png")])
@@ -61,8 +62,91 @@ def test_several_runs_each_get_their_png(tmp_path, capsys):
     assert stop.value.code == 2 and "--out names one file" in capsys.readouterr().err
 
 
-def test_a_long_run_is_drawn_under_its_running_mean(tmp_path):
+def lines(ax):
+    """(legend, y values) of the lines of one panel, in the order drawn; the faint ones have no legend."""
+    return [(None if line.get_label().startswith("_") else line.get_label(), list(line.get_ydata()))
+            for line in ax.get_lines()]
+
+
+def test_a_long_run_is_drawn_faint_under_its_running_mean(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
-    rows = [{"step": s, "reward_mean": s % 2, "clip_frac": 0.01} for s in range(1, 201)]
-    assert plot.plot(rows, tmp_path / "long.png", "long") == ["reward", "clip fraction"]
+    # 200 steps: a running mean over 4. The reward alternates 1, 0, 1, 0...: its mean over the last 4 is 1/2 from the
+    # 4th step on (1, 1/2 and 2/3 before); the clip fraction climbs by one a step: its mean lags 1.5 behind.
+    rows = [{"step": s, "reward_mean": s % 2, "accuracy": s % 2, "clip_frac": s} for s in range(1, 201)]
+    fig, panels = plot.figure(rows, "long")
+    assert panels == ["sampled reward and accuracy", "clip fraction"]
+    reward, clip = fig.axes
+    assert lines(reward) == [(None, [s % 2 for s in range(1, 201)]),
+                             ("reward_mean = accuracy (share right)", [1, 1 / 2, pytest.approx(2 / 3)] + [1 / 2] * 197)]
+    assert lines(clip) == [(None, list(range(1, 201))), (None, [1, 1.5, 2] + [s - 1.5 for s in range(4, 201)])]
+    # Said once, under the panels, not in every legend.
+    assert fig.get_suptitle() == "long"
+    assert [t.get_text() for t in fig.texts if t.get_text() != "long"] == [
+        "faint: each step's value; solid: its running mean over the last 4 steps"]
+    assert plot.plot(rows, tmp_path / "long.png", "long") == panels
     assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_panel_says_what_it_draws_and_in_what_unit():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    # An MoE run with a KL penalty and a reward that is not the accuracy (a length penalty, say); a step where no
+    # token was re-routed has no |log r| for them (NaN): a gap, not a line through NaN.
+    rows = [dict(ROWS[2], reward_mean=0.1, kl_ref=0.02, routing_drift=0.01, abs_log_ratio_rerouted=float("nan"),
+                 abs_log_ratio_other=0.03, step=s) for s in (1, 2)]
+    rows[1]["abs_log_ratio_rerouted"] = 0.2
+    fig, panels = plot.figure(rows, "moe")
+    drawn = {ax.get_title(): (ax.get_ylabel(), lines(ax)) for ax in fig.axes}
+    assert list(drawn) == panels and all(ax.get_xlabel() == "step (rollout batch)" for ax in fig.axes)
+    assert drawn == {
+        "sampled reward and accuracy": ("mean over the step's completions",
+                                        [("reward_mean", [0.1, 0.1]), ("accuracy (share right)", [0.3, 0.3])]),
+        "held-out accuracy (greedy)": ("share right", [(None, [0.45, 0.45])]),
+        "completion length": ("tokens", [(None, [3.4, 3.4])]),
+        "cut off at the limit": ("share of completions", [(None, [0.0, 0.0])]),
+        "KL per token": ("nats", [("approx_kl: KL(old ‖ new), the update (k3)", [0.002, 0.002]),
+                                  ("kl_ref: KL(policy ‖ reference)", [0.02, 0.02])]),
+        "routing drift since the rollout (MoE)": ("share of (token, layer) pairs re-routed", [(None, [0.01, 0.01])]),
+        "|log r| of re-routed vs other tokens (MoE)": ("mean |log r| (nats)", [("re-routed tokens", [0.2]),
+                                                                                ("other tokens", [0.03, 0.03])])}
+    # A legend where a panel has lines to tell apart or one to name; no note on running means (2 steps: none drawn).
+    assert {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes
+            if ax.get_legend()} == {title: [legend for legend, _ in drawn_lines] for title, (_, drawn_lines)
+                                    in drawn.items() if drawn_lines[0][0]}
+    assert [t.get_text() for t in fig.texts] == ["moe"] and fig.get_suptitle() == "moe"
+
+
+def test_the_title_says_what_ran_with_which_settings_and_how_it_ended(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    import grpo
+    from conftest import TINIER, read_metrics
+    grpo.main(TINIER + ["--beta", "0.04", "--out", str(tmp_path)])
+    rows = read_metrics(tmp_path)
+    base, final = rows[0]["eval_accuracy"], rows[-1]["eval_accuracy"]
+    titles = []
+    figure = plot.figure
+    monkeypatch.setattr(plot, "figure", lambda rows, title: titles.append(title) or figure(rows, title))
+    capsys.readouterr()
+    plot.main([str(tmp_path)])
+    # The flags that differ from grpo.py's defaults, but for where it ran (--out) and what the second line says.
+    assert titles == [f"grpo.py, toy task add: {tmp_path}\n"
+                      f"2 prompts × 4 completions a step, 2 minibatches, lr 0.0001; --steps 2 --eval-size 8 "
+                      f"--beta 0.04\n"
+                      f"held-out accuracy (greedy): base {base:.3f} → {final:.3f} at step 2"]
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled reward and accuracy, held-out "
+                                       f"accuracy (greedy), completion length, cut off at the limit, clip fraction, "
+                                       f"KL per token, routing drift since the rollout (MoE), |log r| of re-routed vs "
+                                       f"other tokens (MoE))\n")
+    # A script that is not there to give its defaults: the settings the second line names, no flags.
+    import torch
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    torch.save(checkpoint | {"algorithm": "gone"}, tmp_path / "checkpoint.pt")
+    assert plot.title(tmp_path, rows).split("\n")[:2] == [f"gone.py, toy task add: {tmp_path}",
+                                                          "2 prompts × 4 completions a step, 2 minibatches, lr 0.0001"]
+    # Without a checkpoint (a run stopped before its first, or metrics.jsonl copied alone): what the rows tell.
+    (tmp_path / "checkpoint.pt").write_bytes(b"torn")
+    assert plot.title(tmp_path, rows).startswith(f"{tmp_path} (checkpoint.pt unreadable (")
+    (tmp_path / "checkpoint.pt").unlink()
+    assert plot.title(tmp_path, rows) == (f"{tmp_path} (no checkpoint.pt, so no settings)\n"
+                                          f"held-out accuracy (greedy): base {base:.3f} → {final:.3f} at step 2")
+    assert plot.title(tmp_path, rows[:1]) == (f"{tmp_path} (no checkpoint.pt, so no settings)\n"
+                                              f"held-out accuracy (greedy): base {base:.3f}")

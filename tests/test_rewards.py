@@ -81,7 +81,7 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("\\boxed{\\dfrac{\\pi}{2}}", "$\\frac{\\pi}{2}$", True, 1.0),
     ("\\boxed{ \\left( 1, 2 \\right) }", "(1,2)", True, 1.0),
     ("\\boxed{\\mathrm{B}}", " B ", True, 1.0),
-    # The last number is read whole or not at all: a piece of a LaTeX expression is no answer (issue 18)
+    # The last number is read whole or not at all: a piece of a LaTeX expression is no answer
     ("The answer is $\\frac{1}{2}$.", "2", True, 0.0),
     ("The answer is $\\frac{1}{2}$.", "1/2", True, 1.0),
     ("so x = \\frac{3}{4}", "4", True, 0.0),
@@ -115,7 +115,7 @@ GSM8K_STYLE = ROOT / "tests" / "data" / "gsm8k_style.jsonl"
     ("the total is 10,\\!000", "10000", True, 1.0),
     ("\\text{The answer is 5}", "5", True, 1.0),
     # A number next to a `/` it is not part of, or glued to a letter, digit or `}` before it or to a letter, digit
-    # or `!` after it, is a piece too (the review of issue 18)
+    # or `!` after it, is a piece too (found in a review)
     ("The answer is $\\sqrt{3}/2$.", "2", True, 0.0),
     ("The angle is $\\pi/2$.", "2", True, 0.0),
     ("The answer is 1/x", "1", True, 0.0),
