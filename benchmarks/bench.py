@@ -1,5 +1,7 @@
 """What the benchmark scripts share: running an algorithm script, the tiny Hugging Face MoE, a figure's file, --only,
 and the rule that turns a claim's numbers into its verdict."""
+import collections
+import functools
 import importlib.util
 import json
 import math
@@ -129,49 +131,111 @@ def require(module, why):
 # Verdicts: one rule for real.md, long.md and benchmarks/README.md
 
 RULE = ("**Verdicts.** A claim's verdict is one of four outcomes. *Holds here* / *does not hold here*: the difference "
-        "the claim predicts is more than two standard errors from zero, in its direction / against it. "
-        "*Inconclusive*: within two standard errors (exactly two is within). *Not testable here*: the setting cannot "
-        "show the mechanism (the claim says why). A difference in held-out accuracy has the held-out evaluation's "
-        "standard error: *paired* where every run of both arms recorded which problems it answered right "
-        "(eval_correct.jsonl): over the same n problems, each problem's share of A's runs right minus B's, the "
-        "standard error of their mean, `sqrt(sum (d_i - mean)^2) / n` (McNemar's for one run each); else *unpaired*, "
-        "binomial from the two means, `sqrt(p_A (1 - p_A) / n + p_B (1 - p_B) / n)`. A quantity measured in training "
-        "(explained variance, token-ratio variance) has its standard error over seeds, `sqrt(s_A^2 / k_A + "
-        "s_B^2 / k_B)` (none from one seed).")
+        "the claim predicts is more than t standard errors from zero, in its direction / against it. *Inconclusive*: "
+        "within t standard errors (exactly t is within). *Not testable here*: the setting cannot show the mechanism "
+        "(the claim says why). A claim about an algorithm is about its training runs, so a difference between two "
+        "arms has its standard error over seeds, from each arm's per-seed values (a held-out final, which already "
+        "carries its evaluation's noise, or a quantity measured in training): `sqrt(s_A^2 / k_A + s_B^2 / k_B)` for "
+        "k_A and k_B seeds of standard deviations s_A and s_B (against a fixed value, such as the base's greedy "
+        "accuracy, `s_A / sqrt(k_A)`). t is Student's t, two-sided 95% (its 0.975 quantile), at Welch's degrees of "
+        "freedom, `(s_A^2 / k_A + s_B^2 / k_B)^2 / ((s_A^2 / k_A)^2 / (k_A - 1) + (s_B^2 / k_B)^2 / (k_B - 1))` (k_A "
+        "- 1 against a fixed value): 12.71 at 1 degree of freedom, 4.30 at 2, 2.78 at 4, 2.31 at 8, so with 2 seeds "
+        "an arm t is 4.3 or more, with 3 2.8 or more, with 5 2.3 or more. Fewer than 2 seeds an arm: no verdict, "
+        "*inconclusive: needs seeds*. Beside it stands the held-out evaluation's own standard error, the share of the "
+        "noise that would remain with the trained models fixed: *paired* where every run of both arms recorded which "
+        "problems it answered right (eval_correct.jsonl), over the same n problems each problem's share of A's runs "
+        "right minus B's, `sqrt(sum (d_i - mean)^2) / n`; else *unpaired*, `sqrt(p_A (1 - p_A) / n + p_B (1 - p_B) / "
+        "n)`.")
+NEEDS_SEEDS = "inconclusive: needs seeds"
+
+# A difference by RULE: its value, its standard error over seeds and their degrees of freedom (0: an arm has one
+# seed), and for held-out accuracy the evaluation's own standard error and whether it is paired (else None).
+Difference = collections.namedtuple("Difference", "value error df evaluation paired", defaults=(None, None))
 
 
-def verdict(difference, error, testable=True):
-    """RULE's outcome for a claim that predicts difference > 0."""
-    if not testable:
-        return "not testable here"
-    if not abs(difference) > 2 * error:                    # exactly two standard errors is within; so is nan
-        return "inconclusive"
-    return "holds here" if difference > 0 else "does not hold here"
+@functools.lru_cache
+def t_quantile(df, p=0.975):
+    """Student's t at `df` degrees of freedom (real, >= 1): the x with P(T <= x) = p, by bisection on its CDF, the
+    density (from math.lgamma) integrated from 0 by Simpson's rule."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = lambda x: math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df))
+
+    def cdf(x, n=1000):
+        h = x / n
+        return 0.5 + h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * density(i * h) for i in range(n + 1))
+    low, high = 0.0, 100.0                                  # t_0.975 is 12.71 at 1 degree of freedom, less above
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return (low + high) / 2
 
 
-def seeds_error(a, b=()):
-    """The standard error over seeds of mean(a) - mean(b), or of mean(a) alone: infinite from a single seed."""
-    var = lambda values: statistics.variance(values) / len(values) if len(values) > 1 else math.inf
-    return math.sqrt(var(a) + (var(b) if b else 0.0))
+def seeds_error(*arms):
+    """(standard error, degrees of freedom) over seeds of a sum or difference of the arms' means, each arm its
+    per-seed values: sqrt(sum s_i^2 / k_i) and Welch-Satterthwaite's (sum s_i^2 / k_i)^2 / sum (s_i^2 / k_i)^2 /
+    (k_i - 1). One arm: its mean against a fixed value. (inf, 0) when an arm has fewer than 2 seeds."""
+    if any(len(arm) < 2 for arm in arms):
+        return math.inf, 0
+    shares = [statistics.variance(arm) / len(arm) for arm in arms]
+    if not any(shares):                                     # every seed of every arm alike: no spread to weigh
+        return 0.0, sum(len(arm) - 1 for arm in arms)
+    return math.sqrt(sum(shares)), sum(shares) ** 2 / sum(v ** 2 / (len(arm) - 1) for v, arm in zip(shares, arms))
+
+
+def seeds_difference(a, b=()):
+    """mean(a) - mean(b), or mean(a) against 0 when b is empty, over seeds: a Difference."""
+    arms = (a, b) if b else (a,)
+    return Difference(statistics.fmean(a) - (statistics.fmean(b) if b else 0.0), *seeds_error(*arms))
 
 
 def held_out_difference(a, b, n):
-    """(mean final accuracy of runs a minus b's, its standard error, paired?) by RULE. a, b: [(final accuracy,
-    the final evaluation's per-problem record "0110..." or None)], evaluated on the same n held-out problems."""
-    pa, pb = statistics.fmean(acc for acc, _ in a), statistics.fmean(acc for acc, _ in b)
+    """Runs a's mean final held-out accuracy minus runs b's, by RULE: a Difference with its error over seeds and the
+    evaluation's own. a, b: [(final accuracy, the final evaluation's per-problem record "0110..." or None)], evaluated
+    on the same n held-out problems."""
+    pa, pb = [acc for acc, _ in a], [acc for acc, _ in b]
+    return Difference(statistics.fmean(pa) - statistics.fmean(pb), *seeds_error(pa, pb), *evaluation_error(a, b, n))
+
+
+def evaluation_error(a, b, n):
+    """(the held-out evaluation's standard error of the difference, paired?): paired where every run's record is there
+    and n long, else binomial from the two means."""
     if all(record is not None and len(record) == n for _, record in [*a, *b]):
         share = lambda runs, i: statistics.fmean(record[i] == "1" for _, record in runs)
         d = [share(a, i) - share(b, i) for i in range(n)]
         mean = statistics.fmean(d)
-        return mean, math.sqrt(sum((x - mean) ** 2 for x in d)) / n, True
-    return pa - pb, math.sqrt(pa * (1 - pa) / n + pb * (1 - pb) / n), False
+        return math.sqrt(sum((x - mean) ** 2 for x in d)) / n, True
+    pa, pb = statistics.fmean(acc for acc, _ in a), statistics.fmean(acc for acc, _ in b)
+    return math.sqrt(pa * (1 - pa) / n + pb * (1 - pb) / n), False
 
 
-def difference_text(difference, error, paired=None):
-    """'+0.031 ± 0.045' (and 'paired' or 'unpaired'), in bold when beyond two standard errors."""
-    text = f"{difference:+.3f} ± {error:.3f}"
-    text = f"**{text}**" if abs(difference) > 2 * error else text
-    return text + ("" if paired is None else ", paired" if paired else ", unpaired")
+def beyond(d):
+    """More than t standard errors from zero (exactly t is within; so is an arm of one seed)."""
+    return d.df >= 1 and abs(d.value) > t_quantile(d.df) * d.error
+
+
+def verdict(d, testable=True):
+    """RULE's outcome for a claim that predicts d.value > 0."""
+    if not testable:
+        return "not testable here"
+    if not d.df >= 1:
+        return NEEDS_SEEDS
+    if not beyond(d):
+        return "inconclusive"
+    return "holds here" if d.value > 0 else "does not hold here"
+
+
+def difference_text(d, digits=".3f"):
+    """'+0.031 ± 0.045 (2.0 df, t 4.30)', in bold when beyond t standard errors, or '+0.031 (one seed: no error over
+    seeds)'; the evaluation's own error inside the brackets where there is one: '(2.0 df, t 4.30; evaluation ±
+    0.030, unpaired)'. `digits`: the numbers' format (".2g" for small quantities)."""
+    if d.df >= 1:
+        text, why = f"{d.value:+{digits}} ± {d.error:{digits}}", f"{d.df:.1f} df, t {t_quantile(d.df):.2f}"
+        text = f"**{text}**" if beyond(d) else text
+    else:
+        text, why = f"{d.value:+{digits}}", "one seed: no error over seeds"
+    if d.evaluation is not None:
+        why += f"; evaluation ± {d.evaluation:.3f}, {'paired' if d.paired else 'unpaired'}"
+    return f"{text} ({why})"
 
 
 def final_correct(out, step):

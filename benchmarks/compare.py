@@ -805,20 +805,22 @@ def long_claims_figure(runs, path):
 
 
 VERDICTS = (
-    "How each claim is read, on each model, from the rows above (docs/long-answers.md and README give the "
-    "verdicts). The differences each claim predicts: (a) the critic's explained variance over the first quarter "
-    "minus the last, at the model's longest length (not testable where the first quarter's is within two standard "
-    "errors of 0: a critic that knows nothing cannot know late positions worse); PPO's lead over GRPO in final "
-    "greedy accuracy at the shortest length minus at the longest; (b) GRPO's token-ratio variance at the longest "
-    "length minus at the shortest, on an MoE, holding only if replay's and GSPO's do not grow beyond two standard "
-    "errors; (c) the final greedy accuracy of GRPO + replay and of GSPO, each minus GRPO's, at the longest length and "
-    "stressed (not testable where no seed of any arm fell or ended 0.10 below its base: nothing to be more stable "
-    "against); (d) the token-level loss's final minus the per-sequence mean's, on mixed lengths; (e) GSPO's final "
-    "minus GRPO's at every length, with a clip fraction 10x GRPO's or more (else it does not hold). A claim made of "
-    "several differences holds when all hold, does not hold when any does not, and is inconclusive otherwise. The "
-    "claims' quantities were fixed after the toy MoE's runs and before the fine toy's; these four outcomes and their "
-    "standard errors replaced, after all the runs, a rule of seed spread (two means differ when further apart than "
-    "the larger std; *mixed* across models).")
+    "How each claim is read, on each model, from the rows above (the lines below give the verdicts; "
+    "docs/long-answers.md and README quote them). The differences each claim predicts: (a) the critic's explained "
+    "variance over the first quarter minus the last, at the model's longest length (not testable where the first "
+    "quarter's is within t standard errors of 0: a critic that knows nothing cannot know late positions worse); "
+    "PPO's lead over GRPO in final greedy accuracy at the shortest length minus at the longest (four arms' means, "
+    "over their seeds); (b) GRPO's token-ratio variance at the longest length minus at the shortest, on an MoE, "
+    "holding only if replay's and GSPO's do not grow beyond t standard errors; (c) the final greedy accuracy of "
+    "GRPO + replay and of GSPO, each minus GRPO's, at the longest length and stressed (not testable where no seed of "
+    "any arm fell or ended 0.10 below its base: nothing to be more stable against); (d) the token-level loss's final "
+    "minus the per-sequence mean's, on mixed lengths; (e) GSPO's final minus GRPO's at every length, with a clip "
+    "fraction 10x GRPO's or more (else it does not hold). A claim made of several differences holds when all hold, "
+    "does not hold when any does not, needs seeds when none of those and a part does, and is inconclusive otherwise. "
+    "The claims' quantities were fixed after the toy MoE's runs and before the fine toy's; these four outcomes "
+    "replaced, after all the runs, a rule of seed spread (two means differ when further apart than the larger std; "
+    "*mixed* across models), and the standard error over seeds with Student's t replaced, later still, the held-out "
+    "evaluation's as a held-out difference's error.")
 
 
 LONG_CLAIMS = ("(a) PPO's critic knows late positions worse",
@@ -841,7 +843,7 @@ def combined(outcomes):
         return "does not hold here"
     if all(o == "holds here" for o in outcomes) or all(o == "not testable here" for o in outcomes):
         return outcomes[0]
-    return "inconclusive"
+    return bench.NEEDS_SEEDS if bench.NEEDS_SEEDS in outcomes else "inconclusive"
 
 
 def long_verdicts(runs, n):
@@ -861,23 +863,27 @@ def long_verdicts(runs, n):
         ppo = seeds(model, longest, "ppo")
         q1, q4 = values(ppo, "ev_q1"), values(ppo, "ev_q4")
         if len(ppo) > 1 and not any(map(math.isnan, q1 + q4)):
-            diff, err = statistics.mean(q1) - statistics.mean(q4), bench.seeds_error(q1, q4)
-            outcome = bench.verdict(diff, err, statistics.mean(q1) > 2 * bench.seeds_error(q1))
-            a.append((model, outcome, f"at {longest} tokens, first / last quarter {mean_std(q1)} / {mean_std(q4)}: "
-                      f"{text(diff, err)}"))
+            knows = bench.verdict(bench.seeds_difference(q1)) == "holds here"   # the first quarter's above 0
+            ev = bench.seeds_difference(q1, q4)
+            a.append((model, bench.verdict(ev, knows), f"at {longest} tokens, first / last quarter {mean_std(q1)} / "
+                      f"{mean_std(q4)}: {text(ev)}"))
         ends = [(seeds(model, t, "ppo"), seeds(model, t, "grpo")) for t in (short, longest)]
         if short != longest and all(all(pair) for pair in ends):
-            (d1, e1, p1), (d2, e2, p2) = (bench.held_out_difference(finals(x), finals(y), n) for x, y in ends)
-            lead.append((model, bench.verdict(d1 - d2, math.hypot(e1, e2)), f"PPO − GRPO {d1:+.3f} at {short} "
-                         f"tokens, {d2:+.3f} at {longest}: {text(d1 - d2, math.hypot(e1, e2), p1 and p2)}"))
+            d1, d2 = (bench.held_out_difference(finals(x), finals(y), n) for x, y in ends)
+            # (PPO - GRPO at the shortest) - (at the longest): four arms' means, its error over their seeds
+            accuracies = [[acc for acc, _ in finals(arm)] for pair in ends for arm in pair]
+            shrinks = bench.Difference(d1.value - d2.value, *bench.seeds_error(*accuracies),
+                                       math.hypot(d1.evaluation, d2.evaluation), d1.paired and d2.paired)
+            lead.append((model, bench.verdict(shrinks), f"PPO − GRPO {d1.value:+.3f} at {short} tokens, "
+                         f"{d2.value:+.3f} at {longest}: {text(shrinks)}"))
         if model != "dense toy" and short != longest:
             growth = {}
             for arm in ("grpo", "grpo + replay", "gspo"):
                 before, after = values(seeds(model, short, arm), "ratio_var_mean"), values(seeds(model, longest, arm),
                                                                                           "ratio_var_mean")
                 if before and after:
-                    diff, err = statistics.mean(after) - statistics.mean(before), bench.seeds_error(after, before)
-                    growth[arm] = (bench.verdict(diff, err), f"{arm} {text(diff, err)}")
+                    grows = bench.seeds_difference(after, before)
+                    growth[arm] = (bench.verdict(grows), f"{arm} {text(grows, '.2g')}")
             if "grpo" in growth:
                 removed = [o != "holds here" for arm, (o, _) in growth.items() if arm != "grpo"]
                 outcome = growth["grpo"][0] if growth["grpo"][0] != "holds here" or all(removed) else \
@@ -891,29 +897,29 @@ def long_verdicts(runs, n):
                 testable = any(r["fell"] or r["ended"] for r in rows)
                 parts = [bench.held_out_difference(finals(arms[arm]), finals(arms["grpo"]), n)
                          for arm in ("grpo + replay", "gspo")]
-                outcome = combined([bench.verdict(diff, err, testable) for diff, err, _ in parts])
-                c.append((group_title(model, tokens, variant), outcome, "replay − GRPO " + text(*parts[0]) +
-                          ", GSPO − GRPO " + text(*parts[1])))
+                outcome = combined([bench.verdict(part, testable) for part in parts])
+                c.append((group_title(model, tokens, variant), outcome, "replay − GRPO " + text(parts[0]) +
+                          "; GSPO − GRPO " + text(parts[1])))
         if variant == "mixed lengths":
             token = seeds(model, tokens, "dapo", variant)
             mean_loss = seeds(model, tokens, "dapo, sequence mean", variant)
             if token and mean_loss:
-                diff, err, paired = bench.held_out_difference(finals(token), finals(mean_loss), n)
-                d.append((group_title(model, tokens, variant), bench.verdict(diff, err),
-                          f"token-level − per-sequence mean {text(diff, err, paired)}"))
+                loss = bench.held_out_difference(finals(token), finals(mean_loss), n)
+                d.append((group_title(model, tokens, variant), bench.verdict(loss),
+                          f"token-level − per-sequence mean {text(loss)}"))
     for model in dict.fromkeys(m for m, _, variant in groups if not variant):
         parts, clips = [], []
         for tokens in sorted(t for m, t, variant in groups if m == model and not variant):
             gspo, grpo = seeds(model, tokens, "gspo"), seeds(model, tokens, "grpo")
             if gspo and grpo:
                 times = statistics.mean(values(gspo, "clip_frac")) / statistics.mean(values(grpo, "clip_frac"))
-                diff, err, paired = bench.held_out_difference(finals(gspo), finals(grpo), n)
-                parts.append(bench.verdict(diff, err) if times >= 10 else "does not hold here")
-                clips.append(f"{tokens} tokens {times:.0f}×, {text(diff, err, paired)}")
+                final = bench.held_out_difference(finals(gspo), finals(grpo), n)
+                parts.append(bench.verdict(final) if times >= 10 else "does not hold here")
+                clips.append(f"{tokens} tokens {times:.0f}×, {text(final)}")
         if parts:
             e.append((model, combined(parts), "clip fraction GSPO / GRPO and GSPO − GRPO: " + "; ".join(clips)))
     return [f"- {claim}: " + ("; ".join(f"{where}: **{outcome}** ({why})" for where, outcome, why in results)
-                              or "no verdict: its runs are not here (2 seeds each for a training quantity)") + "."
+                              or "no verdict: its runs are not here (2 seeds an arm at least)") + "."
             for claim, results in found.items()]
 
 

@@ -338,6 +338,7 @@ def claims(runs):
     got = {label: seeds for label, seeds in runs.items() if len(seeds) >= 2}
     values = lambda label, key: [summarise(rows)[key] for _, rows in got[label]]
     shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
+    final = lambda label: f"{shown(label, 'final')} ({len(got[label])} seeds)"
     missing = lambda *labels: f"not yet tested: needs {' and '.join(labels)} with at least 2 seeds"
     lines = []
     if {"ppo", "grpo"} <= got.keys():
@@ -349,15 +350,15 @@ def claims(runs):
                         "explained variance is within t standard errors of 0)") +
                      f": explained variance over the first / last quarter of each completion {shown('ppo', 'ev_q1')} "
                      f"/ {shown('ppo', 'ev_q4')}, first minus last {bench.difference_text(ev)}. PPO's "
-                     f"held-out final {shown('ppo', 'final')} against GRPO's {shown('grpo', 'final')}: "
+                     f"held-out final {final('ppo')} against GRPO's {final('grpo')}: "
                      f"{bench.difference_text(d)}: {'beyond' if bench.beyond(d) else 'within'} t standard errors.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
     if {"dapo", "dapo seq-mean"} <= got.keys():
         d = versus(got, "dapo", "dapo seq-mean")
         lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
-                     f"**{bench.verdict(d)}**: held-out final {shown('dapo', 'final')} against the per-sequence "
-                     f"mean's {shown('dapo seq-mean', 'final')}: {bench.difference_text(d)}. The two "
+                     f"**{bench.verdict(d)}**: held-out final {final('dapo')} against the per-sequence "
+                     f"mean's {final('dapo seq-mean')}: {bench.difference_text(d)}. The two "
                      f"losses differ where a batch's answers differ in length: over the first 5 steps they averaged "
                      f"{shown('dapo', 'length_start', '{:.0f}')} and {shown('dapo seq-mean', 'length_start', '{:.0f}')}"
                      f" tokens, {shown('dapo', 'truncated_start', '{:.2f}')} and "
@@ -372,8 +373,8 @@ def claims(runs):
         lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
                      f"**{bench.verdict(d) if times >= 10 else 'does not hold here'}**: it clips "
                      f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')} "
-                     f"({times:.0f}×; far more: 10× or more); its held-out final {shown('gspo', 'final')} against "
-                     f"GRPO's {shown('grpo', 'final')}: {bench.difference_text(d)}; s/step "
+                     f"({times:.0f}×; far more: 10× or more); its held-out final {final('gspo')} against "
+                     f"GRPO's {final('grpo')}: {bench.difference_text(d)}; s/step "
                      f"{shown('gspo', 'seconds_per_step', '{:.0f}')} against "
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:

@@ -421,59 +421,79 @@ def lrun(final, base=0.4, ev=None, ratio_var=0.01, clip=0.01, correct=None):
 def test_long_verdicts_give_each_claim_one_of_four_outcomes_per_model_by_the_rule():
     assert compare.held_out("long", False) == 200 and compare.held_out("long", True) == 100
     runs = {label: [] for label, _, _ in compare.EXPERIMENTS["long"][3]}
-    runs |= {"ppo, 12 tokens, toy MoE": [lrun(0.7)],
-             # first quarter 0.5 +- 0.25 over 2 seeds: exactly two standard errors above 0, so not testable
-             "ppo, 100 tokens, toy MoE": [lrun(0.4, ev=(0.25, 0.0)), lrun(0.4, ev=(0.75, 0.0))],
-             "grpo, 12 tokens, toy MoE": [lrun(0.5), lrun(0.5)],
-             "grpo, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.5), lrun(0.4, ratio_var=0.7)],
+    # Two seeds of finals x and x + 0.02 have a variance of 0.0002: 0.0001 in a difference's squared error.
+    runs |= {"ppo, 12 tokens, toy MoE": [lrun(0.70), lrun(0.72)],
+             # first quarter 0.5 +- 0.25 over 2 seeds: 2 standard errors above 0, within t (12.71 at 1 df): not testable
+             "ppo, 100 tokens, toy MoE": [lrun(0.40, ev=(0.25, 0.0)), lrun(0.42, ev=(0.75, 0.0))],
+             "grpo, 12 tokens, toy MoE": [lrun(0.50), lrun(0.52)],
+             "grpo, 100 tokens, toy MoE": [lrun(0.41, ratio_var=v) for v in (0.5, 0.6, 0.7)],
              "grpo + replay, 12 tokens, toy MoE": [lrun(0.5, ratio_var=0.001)] * 2,
-             "grpo + replay, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.001)] * 2,
-             "gspo, 12 tokens, toy MoE": [lrun(0.5, ratio_var=0.001, clip=0.2)] * 2,
-             "gspo, 100 tokens, toy MoE": [lrun(0.4, ratio_var=0.001, clip=0.2)] * 2,
-             "ppo, 44 tokens, fine toy": [lrun(0.5, ev=(0.3, 0.1)), lrun(0.5, ev=(0.5, 0.1))],
-             "grpo, 44 tokens, fine toy, stressed": [lrun(0.2)],                   # ended 0.2 below its base
-             "grpo + replay, 44 tokens, fine toy, stressed": [lrun(0.4)],
-             "gspo, 44 tokens, fine toy, stressed": [lrun(0.4)],
+             "grpo + replay, 100 tokens, toy MoE": [lrun(0.40, ratio_var=0.001), lrun(0.42, ratio_var=0.001)],
+             "gspo, 12 tokens, toy MoE": [lrun(x, ratio_var=0.001, clip=0.2) for x in (0.50, 0.52)],
+             "gspo, 100 tokens, toy MoE": [lrun(x, ratio_var=0.001, clip=0.2) for x in (0.40, 0.42)],
+             "ppo, 44 tokens, fine toy": [lrun(0.5, ev=(0.50, 0.10)), lrun(0.5, ev=(0.52, 0.12))],
+             "grpo, 44 tokens, fine toy, stressed": [lrun(0.20), lrun(0.22)],         # ended 0.2 below its base
+             "grpo + replay, 44 tokens, fine toy, stressed": [lrun(0.40), lrun(0.42)],
+             "gspo, 44 tokens, fine toy, stressed": [lrun(0.40), lrun(0.42)],
              "dapo, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.6, correct="1" * 120 + "0" * 80)],
              "dapo, sequence mean, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.5, correct="1" * 100 + "0" * 100)]}
     a, lead, b, c, d, e = compare.long_verdicts(runs, 200)
+    # Fine toy: first quarter 0.51 +- 0.01 (1 df: above 0 by 51 standard errors); first minus last 0.4 +-
+    # sqrt(0.0001 + 0.0001) = 0.014 at 2 df (equal spreads, 2 seeds each), t 4.30.
     assert a == ("- (a) PPO's critic knows late positions worse: toy MoE: **not testable here** (at 100 tokens, first "
-                 "/ last quarter 0.500 ± 0.354 / 0.000 ± 0.000: +0.500 ± 0.250); fine toy: **holds here** (at 44 "
-                 "tokens, first / last quarter 0.400 ± 0.141 / 0.100 ± 0.000: **+0.300 ± 0.100**).")
-    # The lead: 0.7 - 0.5 at 12 tokens, sqrt(0.21 / 200 + 0.25 / 200) = 0.0480; 0.4 - 0.4 at 100,
-    # sqrt(0.24 / 200 * 2) = 0.0490; shrinks by 0.2 +- sqrt(0.0023 + 0.0024) = 0.0686.
+                 "/ last quarter 0.500 ± 0.354 / 0.000 ± 0.000: +0.500 ± 0.250 (1.0 df, t 12.71)); fine toy: **holds "
+                 "here** (at 44 tokens, first / last quarter 0.510 ± 0.014 / 0.110 ± 0.014: **+0.400 ± 0.014** (2.0 "
+                 "df, t 4.30)).")
+    # The lead: (0.71 - 0.51) - (0.41 - 0.41) from four arms' means, three with 0.0001 each, GRPO's at 100 tokens
+    # none: sqrt(0.0003) = 0.017 at 0.0003^2 / (3 * 0.0001^2) = 3 df. The evaluation alone: sqrt(0.71 * 0.29 / 200 +
+    # 0.51 * 0.49 / 200) = 0.0477 at 12 tokens, sqrt(2 * 0.41 * 0.59 / 200) = 0.0492 at 100, together 0.0685.
     assert lead == ("- (a) PPO's lead over GRPO shrinks or reverses with length: toy MoE: **holds here** (PPO − GRPO "
-                    "+0.200 at 12 tokens, +0.000 at 100: **+0.200 ± 0.069**, unpaired).")
-    # GRPO's token-ratio variance 0.01 -> 0.6 +- sqrt(0.02 / 2) = 0.1; replay and GSPO stay level.
+                    "+0.200 at 12 tokens, +0.000 at 100: **+0.200 ± 0.017** (3.0 df, t 3.18; evaluation ± 0.069, "
+                    "unpaired)).")
+    # GRPO's token-ratio variance 0.01 -> 0.6 +- sqrt(0.01 / 3) = 0.058 at 2 df (two significant digits: a variance
+    # can be small); replay and GSPO stay level.
     assert b == ("- (b) token-ratio variance grows with length on MoE models; replay or GSPO remove the growth: toy "
-                 "MoE: **holds here** (12 → 100 tokens: grpo **+0.590 ± 0.100**, grpo + replay +0.000 ± 0.000, gspo "
-                 "+0.000 ± 0.000).")
+                 "MoE: **holds here** (12 → 100 tokens: grpo **+0.59 ± 0.058** (2.0 df, t 4.30), grpo + replay +0 ± 0 "
+                 "(2.0 df, t 4.30), gspo +0 ± 0 (2.0 df, t 4.30)).")
     # Nothing fell or ended below at 100 tokens: not testable. Stressed, GRPO ended 0.2 below its base and the others
-    # did not: 0.2 +- sqrt(0.24 / 200 + 0.16 / 200) = 0.0447, both.
+    # did not: 0.2 +- 0.014 at 2 df; the evaluation alone sqrt(0.41 * 0.59 / 200 + 0.21 * 0.79 / 200) = 0.045.
     assert c == ("- (c) at length GRPO without replay is less stable than with replay and than GSPO: toy MoE, 100 "
-                 "tokens: **not testable here** (replay − GRPO +0.000 ± 0.049, unpaired, GSPO − GRPO +0.000 ± 0.049, "
-                 "unpaired); fine toy, 44 tokens, stressed: **holds here** (replay − GRPO **+0.200 ± 0.045**, "
-                 "unpaired, GSPO − GRPO **+0.200 ± 0.045**, unpaired).")
-    # Paired: the token-level loss alone right on 20 of 200 problems: 0.1 +- sqrt(20 - 20^2 / 200) / 200 = 0.0212.
+                 "tokens: **not testable here** (replay − GRPO +0.000 ± 0.010 (1.0 df, t 12.71; evaluation ± 0.049, "
+                 "unpaired); GSPO − GRPO +0.000 ± 0.010 (1.0 df, t 12.71; evaluation ± 0.049, unpaired)); fine toy, "
+                 "44 tokens, stressed: **holds here** (replay − GRPO **+0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± "
+                 "0.045, unpaired); GSPO − GRPO **+0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.045, unpaired)).")
+    # One run an arm: no verdict, however far beyond its evaluation's error the difference is (paired: the token-level
+    # loss alone right on 20 of 200 problems, 0.1 +- sqrt(20 - 20^2 / 200) / 200 = 0.021).
     assert d == ("- (d) DAPO's token-level loss keeps long answers from being drowned out: toy MoE, 8-100 tokens, "
-                 "mixed lengths: **holds here** (token-level − per-sequence mean **+0.100 ± 0.021**, paired).")
+                 "mixed lengths: **inconclusive: needs seeds** (token-level − per-sequence mean +0.100 (one seed: no "
+                 "error over seeds; evaluation ± 0.021, paired)).")
     assert e == ("- (e) GSPO clips far more, yet converges at least as fast: toy MoE: **inconclusive** (clip fraction "
-                 "GSPO / GRPO and GSPO − GRPO: 12 tokens 20×, +0.000 ± 0.050, unpaired; 100 tokens 20×, +0.000 ± "
-                 "0.049, unpaired).")
-    runs["grpo + replay, 100 tokens, toy MoE"] = [lrun(0.4, ratio_var=0.3), lrun(0.4, ratio_var=0.5)]
+                 "GSPO / GRPO and GSPO − GRPO: 12 tokens 20×, +0.000 ± 0.014 (2.0 df, t 4.30; evaluation ± 0.050, "
+                 "unpaired); 100 tokens 20×, +0.000 ± 0.010 (1.0 df, t 12.71; evaluation ± 0.049, unpaired)).")
+    # A second seed each, with its record: shares of A right 1 (100 problems), 1 (4), 1 (16), 0.5 (4), B's 1, 0.5, 0,
+    # 0: differences 0.5 on 8 problems and 1 on 16, mean 0.1, sqrt(18 - 200 * 0.1^2) / 200 = 0.020.
+    runs["dapo, 8-100 tokens, toy MoE, mixed lengths"].append(lrun(0.62, correct="1" * 124 + "0" * 76))
+    runs["dapo, sequence mean, 8-100 tokens, toy MoE, mixed lengths"].append(lrun(0.52, correct="1" * 104 + "0" * 96))
+    assert compare.long_verdicts(runs, 200)[4].endswith("mixed lengths: **holds here** (token-level − per-sequence "
+                                                        "mean **+0.100 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.020, "
+                                                        "paired)).")
+    runs["grpo + replay, 100 tokens, toy MoE"] = [lrun(0.4, ratio_var=v) for v in (0.3, 0.4, 0.5)]   # grows too
     runs["gspo, 12 tokens, toy MoE"] = [lrun(0.5, ratio_var=0.001, clip=0.05)] * 2       # clips only 5x at 12
     _, _, b, _, _, e = compare.long_verdicts(runs, 200)
-    assert "toy MoE: **does not hold here** (12 → 100 tokens: grpo **+0.590 ± 0.100**, grpo + replay " \
-           "**+0.399 ± 0.100**" in b                                                   # replay grows too
+    assert "toy MoE: **does not hold here** (12 → 100 tokens: grpo **+0.59 ± 0.058** (2.0 df, t 4.30), grpo + " \
+           "replay **+0.4 ± 0.058**" in b
     assert "toy MoE: **does not hold here** (clip fraction GSPO / GRPO and GSPO − GRPO: 12 tokens 5×" in e
     runs["grpo, 12 tokens, toy MoE"] = [lrun(0.5, clip=0.0625)] * 2
     runs["gspo, 12 tokens, toy MoE"] = [lrun(0.5, clip=0.625)] * 2                     # exactly 10x is far more
     assert "toy MoE: **inconclusive** (clip fraction GSPO / GRPO and GSPO − GRPO: 12 tokens 10×" in \
         compare.long_verdicts(runs, 200)[5]
+    runs["gspo, 44 tokens, fine toy, stressed"] = [lrun(0.40)]                            # one seed: that part
+    assert "stressed: **inconclusive: needs seeds** (replay − GRPO **+0.200 ± 0.014**" in compare.long_verdicts(runs,
+                                                                                                            200)[3]
     runs["ppo, 100 tokens, toy MoE"] = runs["ppo, 100 tokens, toy MoE"][:1]                # one seed: no verdict
     del runs["ppo, 44 tokens, fine toy"]
     assert compare.long_verdicts(runs, 200)[0] == ("- (a) PPO's critic knows late positions worse: no verdict: its "
-                                                   "runs are not here (2 seeds each for a training quantity).")
+                                                   "runs are not here (2 seeds an arm at least).")
 
 
 def test_a_claim_made_of_parts_holds_when_all_do_and_fails_when_any_does():
@@ -481,6 +501,8 @@ def test_a_claim_made_of_parts_holds_when_all_do_and_fails_when_any_does():
     assert compare.combined(["holds here", "inconclusive"]) == "inconclusive"
     assert compare.combined(["inconclusive", "does not hold here", "holds here"]) == "does not hold here"
     assert compare.combined(["not testable here"] * 2) == "not testable here"
+    assert compare.combined(["holds here", "inconclusive: needs seeds"]) == "inconclusive: needs seeds"
+    assert compare.combined(["does not hold here", "inconclusive: needs seeds"]) == "does not hold here"
 
 
 def test_compare_checks_for_matplotlib_before_any_run(monkeypatch, capsys):

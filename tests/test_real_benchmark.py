@@ -1,5 +1,6 @@
 """benchmarks/real.py: the task's problems and the arithmetic of its table and claims, on hand-made numbers."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -64,37 +65,71 @@ def test_dapo_is_read_over_every_completion_it_generated_not_the_groups_it_kept(
     assert s["truncated_start"] == pytest.approx(0.2)
 
 
-def test_the_verdict_is_one_of_four_outcomes_and_exactly_two_standard_errors_is_within():
-    assert bench.verdict(0.5, 0.25) == "inconclusive"                    # exactly 2 SE: `>`, not `>=`
-    assert bench.verdict(0.5000001, 0.25) == "holds here" and bench.verdict(-0.5000001, 0.25) == "does not hold here"
-    assert bench.verdict(-0.5, 0.25) == "inconclusive" and bench.verdict(0.0, 0.0) == "inconclusive"
-    assert bench.verdict(0.9, 0.1, testable=False) == "not testable here"
-    assert bench.verdict(0.1, float("nan")) == "inconclusive"
-    assert bench.difference_text(0.5, 0.25) == "+0.500 ± 0.250"
-    assert bench.difference_text(-0.6, 0.25, paired=False) == "**-0.600 ± 0.250**, unpaired"
-    assert real.apart(0.5, 0.25) == "within" and real.apart(0.5000001, 0.25) == "beyond"
+def test_t_is_student_s_at_the_two_sided_95_percent_level_and_2_3_5_seeds_an_arm_give_2_4_8_degrees():
+    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (8, 2.306)):
+        assert bench.t_quantile(df) == pytest.approx(t, abs=5e-4)
+    assert bench.t_quantile(3) == pytest.approx(3.182, abs=5e-4) and 2.776 < bench.t_quantile(3.5) < 3.182
+    # Equal spreads: Welch's degrees of freedom are k_A + k_B - 2.
+    for seeds, df, t in ((2, 2, 4.303), (3, 4, 2.776), (5, 8, 2.306)):
+        a = [0.5 + 0.01 * i for i in range(seeds)]
+        d = bench.seeds_difference(a, [x - 0.1 for x in a])
+        assert d.df == pytest.approx(df) and bench.t_quantile(d.df) == pytest.approx(t, abs=5e-4)
+
+
+def test_standard_errors_over_seeds_and_over_held_out_problems_paired_or_not():
+    # Seeds: variances 0.02 and 0.0002 over 2 seeds each: sqrt(0.01 + 0.0001) = 0.1005 at Welch's (0.01 + 0.0001)^2 /
+    # (0.01^2 + 0.0001^2) = 1.02 degrees of freedom (unequal spreads: towards one arm's k - 1); one seed: none.
+    assert bench.seeds_error([0.1, 0.3], [0.5, 0.52]) == (pytest.approx(0.1004988), pytest.approx(1.0199, abs=1e-4))
+    assert bench.seeds_error([0.2, 0.4]) == (pytest.approx(0.1), 1) and bench.seeds_error([0.3]) == (math.inf, 0)
+    assert bench.seeds_error([0.3, 0.3], [0.2, 0.2, 0.2]) == (0.0, 3)             # no spread at all
+    # A held-out difference: over seeds, with the evaluation's own error beside it. Unpaired: 0.5 and 0.3 on 100
+    # problems, sqrt(0.25 / 100 + 0.21 / 100) = 0.06782.
+    d = bench.held_out_difference([(0.5, None), (0.5, None)], [(0.3, "0" * 100), (0.3, None)], 100)
+    assert d == (pytest.approx(0.2), 0.0, 2, pytest.approx(0.0678233), False)
+    # Paired (McNemar): 10 problems, A right on 6, B on 3; A alone on 4, B alone on 1: mean 0.3,
+    # sqrt(4 + 1 - 3^2 / 10) / 10 = sqrt(4.1) / 10 = 0.20248. One run each: no error over seeds.
+    d = bench.held_out_difference([(0.6, "1111110000")], [(0.3, "1100001000")], 10)
+    assert d == (pytest.approx(0.3), math.inf, 0, pytest.approx(0.2024846), True)
+    # Two seeds of A (shares 1, 0.5, 0.5, 0), one of B ("0011"): differences 1, 0.5, -0.5, -1, mean 0,
+    # sqrt(1 + 0.25 + 0.25 + 1) / 4 = 0.39528.
+    d = bench.held_out_difference([(0.75, "1110"), (0.25, "1000")], [(0.5, "0011")], 4)
+    assert (d.value, d.df, d.paired) == (pytest.approx(0.0), 0, True) and d.evaluation == pytest.approx(0.3952847)
+    # A record of another length (or a run without one) makes the evaluation's error unpaired.
+    assert not bench.held_out_difference([(0.75, "1110")], [(0.5, "001")], 4).paired
+
+
+def test_the_verdict_is_one_of_four_outcomes_and_exactly_t_standard_errors_is_within():
+    t = bench.t_quantile(4)
+    assert bench.verdict(bench.Difference(t * 0.1, 0.1, 4)) == "inconclusive"                  # `>`, not `>=`
+    assert bench.verdict(bench.Difference(t * 0.1 + 1e-9, 0.1, 4)) == "holds here"
+    assert bench.verdict(bench.Difference(-t * 0.1 - 1e-9, 0.1, 4)) == "does not hold here"
+    assert bench.verdict(bench.Difference(0.0, 0.0, 2)) == "inconclusive"
+    assert bench.verdict(bench.Difference(0.9, 0.1, 4), testable=False) == "not testable here"
+    # 3 seeds an arm, each of variance 0.0025: sqrt(2 * 0.0025 / 3) = 0.0408 at 4 df, t 2.776: beyond from 0.1134.
+    a = [0.50, 0.55, 0.60]
+    assert bench.verdict(bench.seeds_difference(a, [x - 0.114 for x in a])) == "holds here"
+    assert bench.verdict(bench.seeds_difference(a, [x - 0.113 for x in a])) == "inconclusive"
+    assert bench.verdict(bench.seeds_difference(a, [x + 0.114 for x in a])) == "does not hold here"
+    # One seed in an arm: no verdict however large the difference.
+    assert bench.verdict(bench.seeds_difference([0.9], [0.1, 0.11])) == "inconclusive: needs seeds"
+    assert bench.verdict(bench.seeds_difference([0.9])) == "inconclusive: needs seeds"
+    assert bench.difference_text(bench.Difference(0.5, 0.25, 2)) == "+0.500 ± 0.250 (2.0 df, t 4.30)"
+    assert bench.difference_text(bench.Difference(-0.6, 0.1, 8, 0.05, False)) == \
+        "**-0.600 ± 0.100** (8.0 df, t 2.31; evaluation ± 0.050, unpaired)"
+    assert bench.difference_text(bench.Difference(0.121, math.inf, 0, 0.029, True)) == \
+        "+0.121 (one seed: no error over seeds; evaluation ± 0.029, paired)"
     assert real.standard_error(0.5, 100) == pytest.approx(0.05)
     assert real.mean_std([0.2, 0.4]) == "0.300 ± 0.141" and real.mean_std([0.25]) == "0.250"
 
 
-def test_standard_errors_over_seeds_and_over_held_out_problems_paired_or_not():
-    # Seeds: variances 0.02 and 0.005 over 2 seeds each: sqrt(0.02 / 2 + 0.005 / 2) = 0.1118; one seed: none.
-    assert bench.seeds_error([0.1, 0.3], [0.5, 0.6]) == pytest.approx(0.1118034)
-    assert bench.seeds_error([0.2, 0.4]) == pytest.approx(0.1) and bench.seeds_error([0.3]) == float("inf")
-    # Unpaired: 0.5 and 0.3 on 100 problems: sqrt(0.25 / 100 + 0.21 / 100) = 0.06782.
-    d, e, paired = bench.held_out_difference([(0.5, None)], [(0.3, "0" * 100)], 100)
-    assert (d, paired) == (pytest.approx(0.2), False) and e == pytest.approx(0.0678233)
-    # Paired (McNemar): 10 problems, A right on 6, B on 3; A alone on 4, B alone on 1: mean 0.3,
-    # sqrt(4 + 1 - 3^2 / 10) / 10 = sqrt(4.1) / 10 = 0.20248.
-    a, b = "1111110000", "1100001000"
-    d, e, paired = bench.held_out_difference([(0.6, a)], [(0.3, b)], 10)
-    assert (d, paired) == (pytest.approx(0.3), True) and e == pytest.approx(0.2024846)
-    # Two seeds of A (shares 1, 0.5, 0.5, 0), one of B ("0011"): differences 1, 0.5, -0.5, -1, mean 0,
-    # sqrt(1 + 0.25 + 0.25 + 1) / 4 = 0.39528.
-    d, e, paired = bench.held_out_difference([(0.75, "1110"), (0.25, "1000")], [(0.5, "0011")], 4)
-    assert (d, paired) == (pytest.approx(0.0), True) and e == pytest.approx(0.3952847)
-    # A record of another length (or a run without one) makes the comparison unpaired.
-    assert not bench.held_out_difference([(0.75, "1110")], [(0.5, "001")], 4)[2]
+def test_two_single_runs_get_no_verdict_however_far_apart_their_evaluation_says_they_are():
+    # Built like bf16 against fp32, one seed each, at two steps: paired over 240 problems, the evaluation alone says
+    # +0.121 +- 0.021 at one and -0.133 +- 0.022 at the other, each 5-6 of its errors from zero, on opposite sides.
+    for a, b, value, evaluation in (("1" * 100 + "0" * 140, "1" * 71 + "0" * 169, 29 / 240, 0.0210),
+                                    ("1" * 60 + "0" * 180, "1" * 92 + "0" * 148, -32 / 240, 0.0220)):
+        d = bench.held_out_difference([(a.count("1") / 240, a)], [(b.count("1") / 240, b)], 240)
+        assert d.paired and d.value == pytest.approx(value) and d.evaluation == pytest.approx(evaluation, abs=1e-4)
+        assert abs(d.value) > 5 * d.evaluation and bench.verdict(d) == "inconclusive: needs seeds"
 
 
 def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, monkeypatch):
@@ -159,29 +194,32 @@ def run(final, clip=0.01, ev=None):
 def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_path, monkeypatch):
     monkeypatch.setattr(real, "RECORDS", tmp_path)                 # no per-problem records: unpaired
     monkeypatch.setattr(real, "HELD_OUT", 100)
+    # Two seeds x and x + 0.02 (variance 0.0002) or x +- 0.02 (0.0008): equal spreads, 2 degrees of freedom, t 4.30.
     runs = {"grpo": [(0, run(0.40)), (1, run(0.42))],
             "grpo lora": [(0, run(0.50))],                                    # one seed: in no claim
             "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.20))],  # clips 20x, 0.01 above: inconclusive
-            "dapo": [(0, run(0.60)), (1, run(0.60))],
-            "dapo seq-mean": [(0, run(0.30)), (1, run(0.30))],                # 0.3 above, 4.5 SE: holds
-            "ppo": [(0, run(0.20, ev=(0.2, 0.0))), (1, run(0.22, ev=(0.3, 0.1)))]}
+            "dapo": [(0, run(0.58)), (1, run(0.62))],
+            "dapo seq-mean": [(0, run(0.28)), (1, run(0.32))],                # 0.3 above, 10.6 SE: holds
+            "ppo": [(0, run(0.20, ev=(0.50, 0.10))), (1, run(0.22, ev=(0.52, 0.12)))]}
     a, d, e = real.claims(runs)
-    # (a): first quarter 0.25, last 0.05, each with seed variance 0.005: 0.2 +- sqrt(0.0025 + 0.0025) = 0.0707.
+    # (a): first quarter 0.51 +- 0.01, above 0 at 1 df (t 12.71); first minus last 0.4 +- sqrt(0.0001 + 0.0001).
     assert a.startswith("- (a) PPO's critic knows late positions worse: **holds here**: explained variance over the "
-                        "first / last quarter of each completion 0.250 ± 0.071 / 0.050 ± 0.071, first minus last "
-                        "**+0.200 ± 0.071**.")
-    # PPO 0.21 against GRPO 0.41 on 100 problems: sqrt(0.21 * 0.79 / 100 + 0.41 * 0.59 / 100) = 0.0639.
-    assert a.endswith("PPO's held-out final 0.210 ± 0.014 against GRPO's 0.410 ± 0.014: **-0.200 ± 0.064**, "
-                      "unpaired, beyond two standard errors.")
-    # (d): 0.6 against 0.3: sqrt(0.24 / 100 + 0.21 / 100) = 0.0671.
+                        "first / last quarter of each completion 0.510 ± 0.014 / 0.110 ± 0.014, first minus last "
+                        "**+0.400 ± 0.014** (2.0 df, t 4.30).")
+    # PPO 0.21 against GRPO 0.41: 0.2 +- 0.014 over seeds; the evaluation alone on 100 problems:
+    # sqrt(0.21 * 0.79 / 100 + 0.41 * 0.59 / 100) = 0.0639.
+    assert a.endswith("PPO's held-out final 0.210 ± 0.014 (2 seeds) against GRPO's 0.410 ± 0.014 (2 seeds): "
+                      "**-0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.064, unpaired): beyond t standard errors.")
+    # (d): 0.6 against 0.3, sqrt(0.0004 + 0.0004) = 0.028 over seeds; the evaluation sqrt(0.24 / 100 + 0.21 / 100).
     assert d.startswith("- (d) DAPO's token-level loss keeps long answers from being drowned out: **holds here**: "
-                        "held-out final 0.600 ± 0.000 against the per-sequence mean's 0.300 ± 0.000: "
-                        "**+0.300 ± 0.067**, unpaired.")
+                        "held-out final 0.600 ± 0.028 (2 seeds) against the per-sequence mean's 0.300 ± 0.028 (2 "
+                        "seeds): **+0.300 ± 0.028** (2.0 df, t 4.30; evaluation ± 0.067, unpaired).")
     assert "over the first 5 steps they averaged 47 ± 0 and 47 ± 0 tokens, 0.23 ± 0.00 and 0.23 ± 0.00" in d
     assert e.startswith("- (e) GSPO clips far more, yet converges at least as fast: **inconclusive**: it clips 0.2000 "
                         "± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (20×; far more: 10× or more); its held-out final "
-                        "0.420 ± 0.014 against GRPO's 0.410 ± 0.014: +0.010 ± 0.070, unpaired")
-    runs["gspo"] = [(0, run(0.10, clip=0.20)), (1, run(0.10, clip=0.20))]      # 0.31 below, 5.4 SE
+                        "0.420 ± 0.014 (2 seeds) against GRPO's 0.410 ± 0.014 (2 seeds): +0.010 ± 0.014 (2.0 df, t "
+                        "4.30; evaluation ± 0.070, unpaired)")
+    runs["gspo"] = [(0, run(0.10, clip=0.20)), (1, run(0.12, clip=0.20))]      # 0.3 below, 21 SE
     assert "**does not hold here**" in real.claims(runs)[2]
     runs["gspo"] = [(0, run(0.42, clip=0.05)), (1, run(0.42, clip=0.05))]      # level, but clips only 5x
     assert "**does not hold here**: it clips 0.0500 ± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (5×;" in \
@@ -189,16 +227,26 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
     runs["grpo"] = [(0, run(0.40, clip=0.0625)), (1, run(0.42, clip=0.0625))]
     runs["gspo"] = [(0, run(0.42, clip=0.625)), (1, run(0.42, clip=0.625))]    # exactly 10x is far more
     assert "**inconclusive**: it clips 0.6250 ± 0.0000 of tokens, GRPO 0.0625 ± 0.0000 (10×;" in real.claims(runs)[2]
-    runs["dapo"] = [(0, run(0.40)), (1, run(0.40))]                           # 0.1 above: 1.4 SE
-    assert "loss keeps long answers from being drowned out: **inconclusive**" in real.claims(runs)[1]
-    # A critic whose first quarter is exactly two standard errors above 0 (0.5, SE 0.25) knows nothing: not testable.
-    runs["ppo"] = [(0, run(0.30, ev=(0.25, 0.0))), (1, run(0.32, ev=(0.75, 0.0)))]
+    # 0.1 above, 3.5 standard errors over seeds (1.5 of the evaluation's): beyond two, within t = 4.30.
+    runs["dapo"] = [(0, run(0.38)), (1, run(0.42))]
+    assert "loss keeps long answers from being drowned out: **inconclusive**: held-out final 0.400 ± 0.028 (2 seeds) " \
+           "against the per-sequence mean's 0.300 ± 0.028 (2 seeds): +0.100 ± 0.028 (2.0 df" in real.claims(runs)[1]
+    # A critic whose first quarter is a little within t standard errors of 0 (0.12 +- 0.01, t 12.71) knows nothing:
+    # not testable; a little beyond (0.13), testable.
+    runs["ppo"] = [(0, run(0.30, ev=(0.11, 0.0))), (1, run(0.32, ev=(0.13, 0.0)))]
     assert real.claims(runs)[0].startswith("- (a) PPO's critic knows late positions worse: **not testable here**, as "
                                            "its critic explains nothing at any position")
-    runs["ppo"] = [(0, run(0.30, ev=(0.26, 0.0))), (1, run(0.32, ev=(0.75, 0.0)))]   # a little above: testable
+    runs["ppo"] = [(0, run(0.30, ev=(0.12, 0.0))), (1, run(0.32, ev=(0.14, 0.0)))]
     assert "**holds here**" in real.claims(runs)[0]
     del runs["dapo seq-mean"]
     assert real.claims(runs)[1].endswith("needs dapo and dapo seq-mean with at least 2 seeds.")
+    # The gain over the base, over seeds (the base is one model decoded greedily: a fixed value): 0.31 +- 0.01 at
+    # 1 df, t 12.71; each seed's beside it with its evaluation's error, sqrt(0.1 * 0.9 / 100 + 0.4 * 0.6 / 100).
+    assert real.gains("grpo", runs["grpo"]).startswith(
+        "grpo: held-out gain over the base **+0.310 ± 0.010** (1.0 df, t 12.71) over 2 seeds; seed 0 +0.300 "
+        "(evaluation ± 0.057, unpaired), seed 1 +0.320 (evaluation ± 0.058, unpaired); accuracy among finished")
+    assert "gain over the base +0.400 (one seed: no error over seeds) over 1 seed; seed 0 +0.400" in \
+        real.gains("grpo lora", runs["grpo lora"])
 
 
 def record(label, seed, evals, correct=None, machine=None):
@@ -215,30 +263,42 @@ def record(label, seed, evals, correct=None, machine=None):
         (out / "machine").write_text(machine + "\n")
 
 
-def test_arms_are_compared_paired_where_their_records_say_which_problems_each_got_right(tmp_path, monkeypatch):
+def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp_path, monkeypatch):
     monkeypatch.setattr(real, "RECORDS", tmp_path)
     monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(real, "HELD_OUT", 10)
     record("grpo", 0, [0.0, 0.2, 0.4, 0.6], correct="1111110000", machine="2 threads of an AMD EPYC")
+    record("grpo", 1, [0.0, 0.2, 0.4, 0.5], correct="1111100000")
+    record("grpo lora", 0, [0.0, 0.2, 0.3, 0.4], correct="1111000000")             # one seed so far
     record("gspo", 0, [0.0, 0.1, 0.2, 0.3], correct="1100001000")
-    record("dapo", 0, [0.0, 0.1, 0.2, 0.5], machine="2 threads of an AMD EPYC")      # recorded before: no problems
-    record("dapo", 1, [0.0, 0.1, 0.2, 0.5], machine="2 threads of an Intel Xeon")
+    record("gspo", 1, [0.0, 0.1, 0.2, 0.2], correct="1100000000")
+    for seed, where in enumerate(["2 threads of an AMD EPYC", "2 threads of an Intel Xeon", None]):
+        record("dapo", seed, [0.0, 0.1, 0.2, 0.5], machine=where)                   # recorded before: no problems
     runs = real.collect()
-    assert [seed for seed, _ in runs["dapo"]] == [0, 1] and runs["ppo"] == []
+    assert [seed for seed, _ in runs["dapo"]] == [0, 1, 2] and runs["ppo"] == []
     table = real.differences(runs)
-    # Paired (McNemar): A alone right on 4 problems, B alone on 1: 0.3 +- sqrt(4 + 1 - 9 / 10) / 10 = 0.202: within.
-    assert table[2] == "| grpo | gspo | +0.300 | 0.202 | paired | within |"
-    # Unpaired: 0.6 against 0.5 on 10 problems: sqrt(0.24 / 10 + 0.25 / 10) = 0.221.
-    assert table[3] == "| grpo | dapo | +0.100 | 0.221 | unpaired | within |"
-    # 0.3 against 0.5: sqrt(0.021 + 0.025) = 0.214.
-    assert table[4] == "| gspo | dapo | -0.200 | 0.214 | unpaired | within |" and len(table) == 5
+    # One seed an arm: no verdict. The evaluation alone, paired: grpo's shares 1 (4 problems), 1, 0.5, lora's 1 (4),
+    # 0, 0: differences 1 and 0.5, mean 0.15, sqrt(1.25 - 10 * 0.15^2) / 10 = 0.101.
+    assert table[2] == "| grpo | grpo lora | 2 / 1 | +0.150 | — | — | — | needs seeds | 0.101, paired |"
+    # 0.55 against 0.25, each arm of variance 0.005 over 2 seeds: sqrt(0.0025 + 0.0025) = 0.071 at 2 df, t 4.30: 0.304
+    # to be beyond, so within; the evaluation alone (differences 1, 1, 1, 0.5, -0.5: mean 0.3, sqrt(3.5 - 0.9) / 10 =
+    # 0.161) would have put it beyond two of its errors.
+    assert table[3] == "| grpo | gspo | 2 / 2 | +0.300 | 0.071 | 2.0 | 4.30 | within | 0.161, paired |"
+    # Against three seeds of 0.5, no record: sqrt(0.0025 + 0) at 1 df; unpaired, sqrt(0.55 * 0.45 + 0.25) / sqrt(10).
+    assert table[4] == "| grpo | dapo | 2 / 3 | +0.050 | 0.050 | 1.0 | 12.71 | within | 0.223, unpaired |"
+    assert table[6] == "| grpo lora | dapo | 1 / 3 | -0.100 | — | — | — | needs seeds | 0.221, unpaired |"
+    assert table[7] == "| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |"
+    assert len(table) == 8
     rows = {line.split(" | ")[0][2:]: line for line in real.table(runs)[2:]}
-    assert rows["grpo"].endswith("| 2 threads of an AMD EPYC (seed 0) |")
-    assert rows["gspo"].endswith("| not recorded (seed 0) |")
-    assert rows["dapo"].endswith("| 2 threads of an AMD EPYC (seed 0); 2 threads of an Intel Xeon (seed 1) |")
+    assert rows["grpo"].endswith("| 2 threads of an AMD EPYC (seed 0); not recorded (seed 1) |")
+    assert rows["grpo lora"].startswith("| grpo lora | 1 | 0.000 → **0.400** (0.400) |")
+    assert rows["dapo"].endswith("| 2 threads of an AMD EPYC (seed 0); 2 threads of an Intel Xeon (seed 1); not "
+                                 "recorded (seed 2) |")
     assert rows["ppo"].startswith("| ppo | not run yet |")
-    record("ppo", 0, [0.0, 0.1, 0.2, 1.0])                              # 0.3 against 1.0: 0.7 +- sqrt(0.021)
-    assert real.differences(real.collect())[6] == "| gspo | ppo | -0.700 | 0.145 | unpaired | **beyond** |"
+    record("ppo", 0, [0.0, 0.1, 0.2, 1.0])
+    record("ppo", 1, [0.0, 0.1, 0.2, 0.9])                   # 0.25 against 0.95: 0.7 +- 0.071, beyond 0.304
+    assert real.differences(real.collect())[10] == ("| gspo | ppo | 2 / 2 | -0.700 | 0.071 | 2.0 | 4.30 | **beyond** "
+                                                     "| 0.153, unpaired |")
 
 
 def test_a_remark_s_numbers_are_its_record_s():
