@@ -849,6 +849,8 @@ def check_common_args(args, min_group_size=2):
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
     check(not args.static_cache or args.model is not None, "--static-cache needs --model (a Hugging Face model)")
+    if args.static_cache:                               # the model's cache= keyword: transformers >= 5.24
+        side_module("static_decode", "--static-cache").check_transformers()
     check(args.lora_r >= 0 and args.lora_alpha > 0,
           f"--lora-r must be 0 (off) or positive and --lora-alpha positive, got {args.lora_r} and {args.lora_alpha}")
     check(args.lora_r == 0 or args.model is not None, "--lora-r needs --model (the toy model is small: it trains "

@@ -14,19 +14,20 @@
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
    alternate, round by round; the table gives medians. Skipped, with a message, if trl is missing.
-4. `--only static` (issue 37): grpo.py's two sampling paths, generate's loop and --static-cache (a static KV cache,
-   on CUDA a decode step captured as a CUDA graph), and TRL (gradient checkpointing off) at SmolLM2's two shapes:
+4. `--only static`: grpo.py's two sampling paths, generate's loop and --static-cache (a static KV cache, on CUDA a
+   compiled decode step captured as a CUDA graph), and TRL (gradient checkpointing off) at SmolLM2's two shapes:
    135M at 64 new tokens and 360M at 256, from SmolLM2's public config (the GGUF's converted folder's, `--tokenizer`)
    with random weights, so every completion runs to the limit: equal work. 8 prompts x 8 completions, one optimizer
-   step per rollout, --static-steps steps of which the first 3 are left out; generation tokens/s, s/step, peak GB.
-   `--shapes tiny` is a smoke test of the same on a CPU.
+   step per rollout, --static-steps steps of which the first 3 are left out; generation tokens/s, s/step, peak GB,
+   and how often the decode step was compiled again (dynamo's recompiles log). `--shapes tiny` is a smoke test of the
+   same on a CPU.
 5. `--only greedy`: SmolLM2-135M-Instruct (the GGUF, benchmarks/real.py's model) greedy on real.py's held-out
    problems, 64 new tokens, by both paths: how many completions differ, and the time each took.
 
     python benchmarks/speed.py --device cuda --only static,greedy --out benchmarks/results/speed-cuda.md
     python benchmarks/speed.py --only static,greedy --shapes tiny --static-steps 2 --greedy-prompts 4  # a smoke test
 
-   On the H200 of ../shared/GPU.md, which lacks trl, gguf and a recent transformers: benchmarks/gpu_check.sh.
+   On a CUDA machine without network, in one run with the wheels it lists: benchmarks/gpu_check.sh.
 """
 import argparse
 import cProfile
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -247,7 +249,7 @@ def trl_table(device, steps, rounds, tmp):
 
 
 # ---------------------------------------------------------------------------------------------------
-# --static-cache (issue 37): grpo.py's two sampling paths and TRL at SmolLM2's shapes; the real model's greedy answers
+# --static-cache: grpo.py's two sampling paths and TRL at SmolLM2's shapes; the real model's greedy answers
 
 # SmolLM2's public configs: the 135M's is the GGUF's (its converted folder's config.json), the 360M's differs in these.
 SHAPES = {"SmolLM2-135M": ({}, 64),
@@ -285,15 +287,22 @@ def smollm2(folder, tokenizer, overrides):
 
 def static_row(folder, new_tokens, steps, device, static, timeout):
     """grpo.py on one path: s/step, generation s/step and tokens/s, peak GB, completion length (medians after the
-    warm-up steps)."""
+    warm-up steps), and the decode step's recompiles with the guard that failed first for each (dynamo's log: one is
+    expected, the run's evaluation greedy and its rollouts sampled)."""
     flags = ["--model", str(folder), "--data", str(folder / "data.jsonl"), "--prompts-per-step", "8", "--group-size",
              "8", "--minibatches", "1", "--max-new-tokens", str(new_tokens), "--steps", str(steps), "--device", device]
-    rows = step_rows(run_script("grpo.py", flags + ["--static-cache"] * static, folder / "grpo", timeout=timeout))
+    log = folder / "recompiles.log"
+    log.unlink(missing_ok=True)
+    with mock.patch.dict(os.environ, TORCH_LOGS="recompiles", TORCH_LOGS_OUT=str(log)):    # for the script's torch
+        rows = step_rows(run_script("grpo.py", flags + ["--static-cache"] * static, folder / "grpo", timeout=timeout))
+    lines = log.read_text().splitlines() if log.exists() else []
+    reasons = [lines[i + 2].split("- ", 1)[-1].split("#")[0].strip() for i, line in enumerate(lines[:-2])
+               if "Recompiling function" in line]
     median = lambda f: statistics.median(f(r) for r in rows)
     return {"s/step": median(lambda r: r["step_time_s"]), "generation s": median(lambda r: r["time_generate_s"]),
             "tokens/s": median(lambda r: 64 * r["response_len_mean"] / r["time_generate_s"]),
             "peak GB": max(r["peak_memory_mb"] for r in rows) / 1024,
-            "length": statistics.mean(r["response_len_mean"] for r in rows)}
+            "length": statistics.mean(r["response_len_mean"] for r in rows), "recompiles": reasons}
 
 
 def trl_row(folder, new_tokens, steps, device, timeout):
@@ -321,7 +330,7 @@ def static_table(device, shapes, steps, tokenizer, timeout, tmp, save=print):
              f"Generation: grpo.py's `time_generate_s` (sampling and the rewards).", "",
              "| shape | new tokens | grpo.py s/step | generation s | generation tokens/s | peak GB | "
              "--static-cache s/step | generation s | generation tokens/s | peak GB | TRL s/step | TRL peak GB | "
-             "generation speed-up | steps/s vs TRL: today, static |", "|" + " --- |" * 14]
+             "generation speed-up | steps/s vs TRL: today, static | --static-cache recompiles |", "|" + " --- |" * 15]
     cell = lambda row, key, f: f"{row[key]:{f}}" if row and row.get(key) is not None else "—"
     for shape in shapes:
         overrides, new_tokens = SHAPES[shape]
@@ -342,7 +351,8 @@ def static_table(device, shapes, steps, tokenizer, timeout, tmp, save=print):
         lines.append(" | ".join([f"| {shape}", str(new_tokens), *(cell(r, k, f) for r in (today, static) for k, f in (
             ("s/step", ".3f"), ("generation s", ".3f"), ("tokens/s", ".0f"), ("peak GB", ".1f"))),
             cell(trl, "s/step", ".3f"), cell(trl, "peak GB", ".1f"), ratio(today, static, "generation s"),
-            f"{ratio(trl, today, 's/step')}, {ratio(trl, static, 's/step')} |"]))
+            f"{ratio(trl, today, 's/step')}, {ratio(trl, static, 's/step')}",
+            ("; ".join(static["recompiles"]) or "none") if static else "—", ""]).rstrip())
         lines += [f"\n{shape} failed runs: {note}" for note in notes]
         save(lines)                                       # so far, in case a later shape runs out of time
     return lines
@@ -426,7 +436,7 @@ def main(argv=None):
         except RunFailed as e:
             sys.exit(str(e))
         if "static" in parts:
-            lines += ["## --static-cache: a static KV cache and a CUDA-graph decode step (issue 37)", ""]
+            lines += ["## --static-cache: a static KV cache and a CUDA-graph decode step", ""]
             lines += static_table(args.device, args.shapes.split(","), args.static_steps,
                                   args.tokenizer or default_tokenizer(), args.run_timeout, tmp,
                                   lambda rows: bench.write(args.out, "\n".join(lines + rows))) + [""]

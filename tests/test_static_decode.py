@@ -1,8 +1,12 @@
 """--static-cache (extras/static_decode.py): the rollouts of generate's own loop, token for token, and the same run.
-On a CPU its decode step runs eagerly; the CUDA graph it is captured as on a GPU is benchmarks/gpu_check.sh's."""
+On a CPU its decode step runs eagerly, or here compiled as on CUDA (the fixture `compiled`: the graphs it makes, how
+many, what they attend to); the CUDA graph it is captured as on a GPU is benchmarks/gpu_check.sh's."""
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import read_metrics
+from torch._dynamo.testing import CompileCounterWithBackend
+from transformers.integrations.sdpa_attention import repeat_kv
 
 import common
 import grpo
@@ -28,11 +32,11 @@ def both_ways(model, world, prompts, temperature=1.0, greedy=False, group_size=3
     return rollouts
 
 
-def assert_same(ours, theirs):
+def assert_same(ours, theirs, atol=1e-5):
     assert torch.equal(ours.tokens, theirs.tokens) and torch.equal(ours.attention_mask, theirs.attention_mask)
     assert torch.equal(ours.mask, theirs.mask) and torch.equal(ours.finished, theirs.finished)
     assert (ours.entropy is None) == (theirs.entropy is None)
-    assert ours.entropy is None or torch.allclose(ours.entropy, theirs.entropy, atol=1e-5)
+    assert ours.entropy is None or torch.allclose(ours.entropy, theirs.entropy, atol=atol)
 
 
 @pytest.mark.parametrize("temperature, greedy", [(1.0, False), (0.7, False), (1.0, True)])
@@ -76,14 +80,118 @@ def test_the_cache_is_kept_grown_and_reused_between_calls(hf_dense):
     assert sizes == [{12: 64}, {12: 128}, {12: 128}, {12: 128, 8: 64}]     # grown once, then kept; one a batch size
 
 
-def test_the_decode_step_traces_as_one_graph(hf_dense, monkeypatch):
-    """What torch.compile captures on CUDA, traced here without a GPU (aot_eager: the same graph, run by eager
-    kernels): a graph break would split the CUDA graph; and the same tokens."""
+@pytest.fixture
+def compiled(monkeypatch):
+    """decode's step compiled on the CPU, as on CUDA, by the backend given: by default a counter of the graphs
+    compiled that passes them to aot_eager (the same graph, run by eager kernels), or "inductor" itself (with the
+    options decode gives it on CUDA); dynamo's caches emptied before and after."""
+    def use(backend=None):
+        backend = backend or CompileCounterWithBackend("aot_eager")
+        monkeypatch.setattr(static_decode, "CPU_BACKEND", backend)
+        return backend
+    compiled_step = static_decode.compiled_step                 # a test may replace it
+    torch._dynamo.reset()
+    compiled_step.cache_clear()
+    yield use
+    torch._dynamo.reset()
+    compiled_step.cache_clear()
+
+
+# A rollout and an evaluation (greedy, 3 rows padded to 4) to warm up, then another temperature, another evaluation
+# and a rollout again: (prompts, group size, temperature, greedy).
+CALLS = [(PROMPTS, 3, 0.7, False), (PROMPTS[:3], 1, 1.0, True), (PROMPTS, 3, 1.3, False), (PROMPTS[1:], 1, 1.0, True),
+         (PROMPTS, 3, 0.7, False)]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_compiled_after_a_rollout_and_an_evaluation_nothing_compiles_again(hf_dense, compiled, bf16):
+    """One graph for sampling, one for greedy decoding, whatever the temperature, and an evaluation batch padded to
+    the graph's rows: the same tokens as generate's loop (fp32 and under bf16 autocast, with the cache in bf16)."""
+    counter = compiled()
     model, world, encode = tiny(hf_dense)
-    step = torch.compile(static_decode.decode_step, backend="aot_eager", fullgraph=True)    # a break would raise
-    monkeypatch.setattr(static_decode, "decode_step", step)                                 # what a CPU calls
-    today, static = both_ways(model, world, encode(PROMPTS))
-    assert_same(static, today)
+    model.bf16 = bf16
+    graphs = []
+    for prompts, group_size, temperature, greedy in CALLS:
+        today, static = both_ways(model, world, encode(prompts), temperature, greedy, group_size)
+        assert_same(static, today, atol=1e-3 if bf16 else 1e-5)
+        graphs.append(counter.frame_count)
+    assert graphs == [1, 2, 2, 2, 2]
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    caches = static_decode.CACHES[model]
+    assert sorted(caches) == [4, 12] and all(layer.keys.dtype == layer.values.dtype == dtype
+                                             for cache in caches.values() for layer in cache.layers)
+    assert model.config._attn_implementation == "sdpa"                      # decode's attention only while it runs
+
+
+@pytest.mark.slow
+def test_inductor_on_a_cpu_compiles_what_cuda_compiles_and_samples_the_same(hf_dense, compiled):
+    """inductor itself (C++ kernels here, Triton on CUDA): 20 s to 2 minutes on 2 cores, as inductor's cache on disk
+    holds the kernels or not."""
+    from torch._dynamo.utils import counters
+    compiled("inductor")
+    model, world, encode = tiny(hf_dense)
+    graphs, before = [], counters["stats"]["unique_graphs"]                  # the process's count so far
+    for prompts, group_size, temperature, greedy in CALLS:
+        assert_same(*both_ways(model, world, encode(prompts), temperature, greedy, group_size)[::-1])
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs == [1, 2, 2, 2, 2]
+
+
+def test_a_calls_later_steps_skip_the_guards(hf_dense, compiled, monkeypatch):
+    """Only a call's first step checks dynamo's guards (and compiles when they fail); its other steps, of the same
+    shapes, model and settings, run the graph the first chose."""
+    compiled()
+    stances, step = [], static_decode.compiled_step(static_decode.CPU_BACKEND)
+
+    def recording(*args):
+        stances.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)
+        return step(*args)
+    monkeypatch.setattr(static_decode, "compiled_step", lambda backend: recording)
+    model, world, encode = tiny(hf_dense)
+    world.static_cache = True
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        common.generate(model, world, encode(PROMPTS), 3, 1.0)
+        assert len(stances) > 2 and stances == [False] + [True] * (len(stances) - 1)
+        stances.clear()
+    assert not torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe         # set back after the call
+
+
+def test_grouped_kv_heads_are_attended_to_without_a_copy(hf_dense, compiled):
+    """The compiled step's attention reads the cache's 2 KV heads as they are (the query's 4 heads grouped by KV
+    head), not a copy repeated to 4; its output is what SDPA gives with the repeated heads."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    compiled(backend)
+    model, world, encode = tiny(hf_dense)
+    assert_same(*both_ways(model, world, encode(PROMPTS))[::-1])
+    kv = [node.args[1].meta["example_value"].shape for node in graphs[0].graph.nodes
+          if node.target is F.scaled_dot_product_attention]
+    assert len(kv) == 2 and all(shape[1] == model.config.num_key_value_heads == 2 for shape in kv)
+
+    torch.manual_seed(0)
+    module = type("Attention", (), {"num_key_value_groups": 3})()
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(3, heads, length, 16, dtype=dtype) for heads, length in ((15, 1), (5, 40), (5, 40)))
+        mask = torch.rand(3, 1, 1, 40) > 0.3
+        ours, _ = static_decode.decode_attention(module, q, k, v, mask, scaling=0.25)
+        theirs = F.scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=mask, scale=0.25)
+        assert torch.allclose(ours, theirs.transpose(1, 2), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("version, ok", [("5.23.2", False), ("4.57.0", False), ("5.24.0.dev0", True), ("5.25.0", True),
+                                         ("6.0.0", True)])
+def test_an_older_transformers_is_one_line_of_error(monkeypatch, version, ok):
+    monkeypatch.setattr(static_decode.transformers, "__version__", version)
+    if ok:
+        static_decode.check_transformers()
+    else:
+        with pytest.raises(common.UsageError, match=rf"^--static-cache needs transformers >= 5\.24 \(installed: "
+                                                      rf"{version}\): pip install -U transformers$"):
+            static_decode.check_transformers()
 
 
 def test_the_flag_reaches_generate_for_dense_models_only(hf_dense, hf_moe, jsonl):
@@ -96,16 +204,21 @@ def test_the_flag_reaches_generate_for_dense_models_only(hf_dense, hf_moe, jsonl
         assert common.make_policy(args, torch.device("cpu"))[1].static_cache is expected
 
 
-def test_a_grpo_run_with_the_flag_is_the_same_run(tmp_path, hf_dense, jsonl):
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_a_grpo_run_with_the_flag_is_the_same_run(tmp_path, hf_dense, jsonl, compiled, compile_step):
+    """The same run by generate's loop and by --static-cache, its step eager or compiled as on CUDA: two graphs for
+    the whole run (its rollouts of 6 rows, its evaluations of 5 prompts padded to 8 rows)."""
+    counter = compiled() if compile_step else None
     runs = []
     for flag in ([], ["--static-cache"]):
         out = tmp_path / f"run{len(runs)}"
         grpo.main(["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "8", "--eval-size", "5",
-                   "--steps", "2", "--prompts-per-step", "2", "--group-size", "3", "--minibatches", "2",
-                   "--out", str(out), *flag])
+                   "--eval-every", "1", "--steps", "2", "--prompts-per-step", "2", "--group-size", "3",
+                   "--minibatches", "2", "--out", str(out), *flag])
         runs.append((read_metrics(out, timings=False), (out / "eval_correct.jsonl").read_text()))
     (today, today_correct), (static, static_correct) = runs
     assert len(today) == len(static) == 3 and today_correct == static_correct     # the evaluations got the same right
+    assert counter is None or counter.frame_count == 2
     # The same samples, so the same run; the entropy, from logits over the static cache's longer (masked) rows, to
     # float rounding.
     assert all(ours == pytest.approx(theirs, rel=1e-5) for ours, theirs in zip(static, today))
