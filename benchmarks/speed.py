@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -66,10 +67,10 @@ class RunFailed(Exception):
     """A run that failed or ran out of time: main stops on it, the static table notes it and goes on."""
 
 
-def run_script(script, flags, out, threads=None, timeout=None):
+def run_script(script, flags, out, threads=None, timeout=None, env=None):
     """Run a script to completion and return its metrics.jsonl rows."""
     shutil.rmtree(out, ignore_errors=True)           # a script refuses an --out that holds a run
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    env = dict(env or os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     cmd = [sys.executable, str(ROOT / script), *flags, "--out", str(out), "--eval-every", "0", "--eval-size", "50",
            "--save-every", "0"]
     try:
@@ -130,6 +131,49 @@ def generation_table(device, repeats=2):
                      f"{speeds[True] / speeds[False]:.1f}× |")
         print(lines[-1], flush=True)
     return lines
+
+
+def threads_table(steps, side_steps, rounds, tmp):
+    """`python grpo.py` as it runs by default (one thread) and on two threads (every core of a 2-core machine: the
+    scripts' default before), each alone, alternating round by round, and two runs of one setting side by side, as
+    when anything else keeps the other core busy: seconds per step, median over the steps after the warm-up."""
+    settings = {"1 thread (the default)": [], "2 threads (--threads 2)": ["--threads", "2"]}
+    flags = lambda n: ["--steps", str(n), "--device", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}     # as a user's shell has it
+    alone = {name: [] for name in settings}
+    for _ in range(rounds):
+        for name, extra in settings.items():
+            rows = step_rows(run_script("grpo.py", flags(steps) + extra, Path(tmp) / "alone", env=env))
+            alone[name].append(statistics.median(r["step_time_s"] for r in rows))
+    lines = [f"`python grpo.py` on `add` alone ({steps} steps, {rounds} rounds alternating) and two at once on the two "
+             f"cores ({side_steps} steps each): seconds per step, the median after {WARMUP} warm-up steps.", "",
+             "| threads | alone, each round | two runs side by side, each | side by side / alone |",
+             "| --- | --- | --- | --- |"]
+    for name, extra in settings.items():
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda i: step_rows(run_script("grpo.py", flags(side_steps) + extra,
+                                                                Path(tmp) / f"side{i}", env=env)), (0, 1)))
+        side = [statistics.median(r["step_time_s"] for r in rows) for rows in both]
+        lines.append(f"| {name} | {', '.join(f'{s:.3f}' for s in alone[name])} | "
+                     f"{', '.join(f'{s:.3f}' for s in side)} | {max(side) / statistics.median(alone[name]):.1f}× |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def cpu_name():
+    """The CPU's model name (Linux), for a table of absolute times."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
+             if line.startswith("model name")]
+    return f"{len(names) or os.cpu_count()} cores of an {names[0]}" if names else f"{os.cpu_count()} CPU cores"
+
+
+def merged(path, lines):
+    """This run's lines (a header, then "## " sections) and after them the sections of the file at `path` that this
+    run did not make: `--only PART` reruns one part and keeps the others' tables."""
+    made = {line for line in lines if line.startswith("## ")}
+    old = Path(path).read_text().split("\n## ")[1:] if Path(path).exists() else []
+    return lines + [f"## {section}" for section in old if f"## {section.splitlines()[0]}" not in made]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -401,8 +445,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="steps per script run (phase table)")
     parser.add_argument("--trl-steps", type=int, default=40, help="steps per run of grpo.py and of TRL")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of grpo.py vs TRL")
-    parser.add_argument("--only", default="phases,generation,trl", help="parts to run, comma-separated (also: static, "
-                                                                        "greedy)")
+    parser.add_argument("--only", default="phases,generation,threads,trl",
+                        help="parts to run, comma-separated (also: static, greedy); the others' tables stay")
+    parser.add_argument("--threads-steps", type=int, default=150, help="threads: steps of a run alone")
+    parser.add_argument("--threads-side-steps", type=int, default=60, help="threads: steps of each of two runs at once")
     parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
     parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
                                                                     f"left out")
@@ -422,7 +468,8 @@ def main(argv=None):
     given = sys.argv[1:] if argv is None else argv
     flags = "".join(f" {a}" for i, a in enumerate(given) if "--out" not in (a, given[i - 1] if i else None))
     lines = [f"# Speed ({args.device}: {cpu}; torch {torch.__version__}, transformers {transformers.__version__})",
-             "", f"Regenerate: `python benchmarks/speed.py{flags}`.", ""]
+             "", f"Regenerate: `python benchmarks/speed.py{flags}` (`--only PART` reruns one part and keeps the other "
+                 f"parts' tables).", ""]
     with tempfile.TemporaryDirectory() as tmp:
         try:
             if "phases" in parts:
@@ -430,6 +477,10 @@ def main(argv=None):
             if "generation" in parts:
                 lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "",
                           *generation_table(args.device), ""]
+            if "threads" in parts:
+                lines += ["## Threads: the toy alone and beside other work", "",
+                          f"On {cpu_name()}, nothing else running (`python benchmarks/speed.py --only threads`).", "",
+                          *threads_table(args.threads_steps, args.threads_side_steps, args.rounds, tmp), ""]
             if "trl" in parts:
                 lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
                                                                                        args.rounds, tmp), ""]
@@ -444,7 +495,7 @@ def main(argv=None):
             import real
             lines += ["## --static-cache: the real model's greedy answers by both paths", "",
                       *greedy_table(args.device, args.gguf or real.gguf_file(), args.greedy_prompts), ""]
-    bench.write(args.out, "\n".join(lines))
+    bench.write(args.out, "\n".join(merged(args.out, lines)))
 
 if __name__ == "__main__":
     main()
