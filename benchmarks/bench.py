@@ -119,6 +119,18 @@ def only(parser, given, choices, what):
     return names
 
 
+def seed_ids(parser, given):
+    """--seeds' comma-separated seed ids (`0,1,2`; `2` is seed 2 alone), sorted, each once; else one line on stderr
+    and exit 2."""
+    try:
+        seeds = sorted({int(s) for s in given.split(",")})
+    except ValueError:
+        seeds = []
+    if not seeds or seeds[0] < 0:
+        parser.exit(2, f"{parser.prog}: --seeds {given!r}: seed ids, comma-separated, each 0 or more (as 0,1,2)\n")
+    return seeds
+
+
 def require(module, why):
     """At the start, not after hours of runs: one line on stderr and exit 2 when `module` is not installed."""
     if importlib.util.find_spec(module) is None:

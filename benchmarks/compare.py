@@ -6,7 +6,7 @@
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 99 runs
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
-    python benchmarks/compare.py --only defaults --seeds 1 --jobs 1 --threads 2   # each script as it runs
+    python benchmarks/compare.py --only defaults --seeds 0 --jobs 1 --threads 2   # each script as it runs
 
 It runs the algorithm scripts as they are (a subprocess each, with flags), two at a time on one thread
 each, and reads their metrics.jsonl. Every run of an experiment starts from the same warm-started base
@@ -52,6 +52,7 @@ from bench import read_metrics, stop_line
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs", ROOT / "benchmarks" / "results"
 HF_MOE = RUNS / "hf-moe-model"  # built by build_hf_moe before the hf-moe runs
+SEEDS = (0, 1, 2)  # the study's seeds (--quick: the first two)
 PER_STEP = 128  # completions a step generates in every run of the study at the scripts' defaults (16 x 8, ppo 128 x 1)
 ALL_OFF = ["--no-clip-higher", "--no-dynamic-sampling", "--no-token-level-loss", "--no-overlong-shaping"]
 FINE = ["--n-layers", "4", "--n-experts", "64", "--top-k", "8", "--expert-hidden", "16"]   # the fine-grained toy MoE
@@ -61,7 +62,7 @@ LR_TIMES, DEFAULT_LR = (1, 3, 10, 30), 1e-4      # every script's --lr on the to
 MODELS = {"toy MoE": [], "fine toy": FINE}
 # The long experiment's --chain-length per model: completions of 12, 44 and 100 tokens. The fine toy's steps cost
 # 2.8-5.3x the toy MoE's (150 steps of grpo at 12 tokens: 68 s against 23 s), so at 100 tokens its 15 runs would add
-# about 2 h, past the experiment's 3-hour budget: it stops at 44.
+# about 2 h on 2 cores, taking the experiment past 3 hours: it stops at 44.
 LENGTHS = {"toy MoE": (2, 10, 24), "fine toy": (2, 10)}
 # The stressed variant: twice the updates per rollout batch. On the fine toy at 44 tokens (20-step pilots, grpo.py
 # --task chain with FINE) it moves routing drift from 0.057 to 0.105, expert drift (the paper's measure) to 0.014
@@ -106,7 +107,7 @@ def long_runs(lengths, stressed_length):
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
 EXPERIMENTS = {
     # Each script exactly as `python <script>` runs it (steps and evaluation at its defaults), one seed: the
-    # figures of its docstring. Run alone: --only defaults --seeds 1 --jobs 1 --threads 2.
+    # figures of its docstring. Run alone: --only defaults --seeds 0 --jobs 1 --threads 2.
     "defaults": ([], None, 20, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
@@ -941,7 +942,7 @@ def report(seeds, quick):
     lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
              f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}` (mean ± std over seeds, "
              f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
-             f"--seeds 1 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it). \"start\" is the "
+             f"--seeds 0 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it). \"start\" is the "
              f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps.", ""]
     kept = old_sections(results / "study.md")
     for name in EXPERIMENTS:
@@ -987,19 +988,20 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in ("defaults", "lr", "long")),
                         help="experiments to run, comma-separated (default: all but defaults, which runs alone, "
                              "and lr and long, hours of their own)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 2 with --quick)")
+    parser.add_argument("--seeds", default=None,
+                        help="seed ids, comma-separated (default 0,1,2, the study's three; 0,1 with --quick)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
     parser.add_argument("--rerun", action="store_true", help="run again even where a finished run exists")
     parser.add_argument("--report", action="store_true", help="only redraw tables and figures from finished runs")
     args = parser.parse_args(argv)
     experiments = bench.only(parser, args.only, EXPERIMENTS, "experiment")
-    if (args.seeds is not None and args.seeds < 1) or args.jobs < 1 or args.threads < 1:
-        parser.error("--seeds, --jobs and --threads must be at least 1")
+    seeds = list(SEEDS[:2] if args.quick else SEEDS) if args.seeds is None else bench.seed_ids(parser, args.seeds)
+    if args.jobs < 1 or args.threads < 1:
+        parser.error("--jobs and --threads must be at least 1")
     bench.require("matplotlib", "the report's figures")
-    seeds = list(range(args.seeds or (2 if args.quick else 3)))
     failed = 0 if args.report else run_all(experiments, seeds, args.quick, args.jobs, args.threads, args.rerun)
-    report(range(max(3, len(seeds))), args.quick)
+    report(sorted({*SEEDS, *seeds}), args.quick)         # the study's seeds and any others run
     if failed:
         sys.exit(f"{failed} runs failed; their log.txt says why")
 

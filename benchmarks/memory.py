@@ -8,9 +8,9 @@ the log-prob path's promise; grpo.py against TRL.
     python benchmarks/memory.py --device cuda --out benchmarks/results/memory-cuda.md
 
 Every measurement is a point kept in benchmarks/results/memory-points/ (small JSON files, committed): the whole
-study takes hours on 2 CPU cores (memory.md gives each point's time), so it is split over sessions, and a run
-measures only the points missing there, in order of importance (Qwen3-0.6B first, the MoE last); --rerun measures
-them again. The MoE's 2-layer points need about 16 GB of RAM (estimated from their parts).
+study takes hours on 2 CPU cores (memory.md gives each point's time), so it runs in pieces: a run measures only
+the points missing there, in order of importance (Qwen3-0.6B first, the MoE last); --rerun measures them again. The
+MoE's 2-layer points need about 16 GB of RAM (estimated from their parts).
 
 1. table: one step of `python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512
    --prompts-per-step 8 --group-size 8` (4 minibatches): 64 completions of 512 tokens after prompts of
@@ -241,7 +241,7 @@ def measure(name, layers, experts, device, lora=False):
 
 def point(key, take, measure_missing, rerun):
     """One measurement: kept in benchmarks/results/memory-points/KEY.json, which are committed, so that a study
-    of hours can be split over sessions. Taken (take() -> a dict) when missing there or with --rerun, if
+    of hours can run in pieces. Taken (take() -> a dict) when missing there or with --rerun, if
     `measure_missing`; else None when missing. A failed measurement is returned, not kept."""
     path = POINTS_DIR / f"{key}.json"
     if path.exists() and not (rerun and measure_missing):

@@ -47,12 +47,12 @@ ARMS = [("grpo", "grpo.py", []),
         ("dapo", "dapo.py", []),
         ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]),
         ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
-# Two seeds: a run takes 18-25 min on 2 cores, ppo's about 1 h, so 2 seeds of the 6 arms took about 5.6 h, over the
-# 5 h budget, and the 3 asked for would take about 8.4 h. `--seeds 2` runs a third, which the report includes.
+# Two seeds: a run takes 18-25 min on 2 cores, ppo's about 1 h, so 2 seeds of the 6 arms take about 5.6 h and 3 would
+# take about 8.4 h. `--seeds 2` runs a third, which the report includes.
 SEEDS = (0, 1)
 # Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
 # 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
-# toy's runs. 32 runs of 20-60 min would take far over the 5 h on 2 cores: they were made on a GPU. The likeliest
+# toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU. The likeliest
 # breaks go first (x10, then x3, x30 and x1), so that a study cut short has the most telling runs.
 LR_TIMES = (1, 3, 10, 30)
 LR_ARMS = [(f"{label} lr x{k}", script, flags + ["--lr", f"{1e-5 * k:g}"])
@@ -63,7 +63,7 @@ REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/s
                         "6 min, was not recorded), and other work ran beside its first 7 steps",
            ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "
                         "its s/step and wall time are not comparable with the runs on two threads",
-           ("dapo seq-mean", 0): "a 2-minute test session ran beside its step 12 (160 s, the others 18.3-59.0 s): its "
+           ("dapo seq-mean", 0): "about 2 minutes of tests ran beside its step 12 (160 s, the others 18.3-59.0 s): its "
                                  "median s/step stands, its wall time reads about 2 min high",
            ("ppo", 1): "stopped at step 10 and resumed: its wall time is the second piece's only (the first, steps "
                        "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
@@ -566,7 +566,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(label for label, _, _ in ARMS),
                         help="arms to run, comma-separated: " + ", ".join(label for label, _, _ in ARMS))
-    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="seeds, comma-separated")
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                        help="seed ids, comma-separated (default 0,1; 2: seed 2 alone)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (1 on a CPU; 4 on a GPU)")
     parser.add_argument("--lr-study", action="store_true",
@@ -579,8 +580,9 @@ def main(argv=None):
         parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
     if args.jobs < 1 or args.threads < 1:
         parser.error("--jobs and --threads must be at least 1")
+    seeds = bench.seed_ids(parser, args.seeds)
     arms = LR_ARMS if args.lr_study else [arm for arm in ARMS if arm[0] in labels]
-    failed = 0 if args.report else run_all(arms, [int(s) for s in args.seeds.split(",")], args.threads, args.jobs)
+    failed = 0 if args.report else run_all(arms, seeds, args.threads, args.jobs)
     report()
     sys.exit(1 if failed else 0)
 

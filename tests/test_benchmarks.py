@@ -104,6 +104,31 @@ def test_unknown_experiment_is_refused(capsys):
     assert e.value.code == 2 and "unknown experiment chess" in capsys.readouterr().err
 
 
+def test_seeds_are_seed_ids_as_in_real_py(tmp_path, monkeypatch):
+    # --seeds 0 is seed 0 alone, 2,4 seeds 2 and 4; unset, the study's three (two with --quick). The report reads
+    # the study's seeds and any others run.
+    monkeypatch.setattr(compare, "RUNS", tmp_path)
+    monkeypatch.setattr(compare.bench, "require", lambda *a: None)
+    ran, reported = [], []
+    monkeypatch.setattr(compare.bench, "run_all", lambda launch, todo, jobs: ran.append(
+        sorted({int(flags[flags.index("--seed") + 1]) for _, flags, _, _ in todo})) or 0)
+    monkeypatch.setattr(compare, "report", lambda seeds, quick: reported.append(list(seeds)))
+    for given in (["--seeds", "0"], ["--seeds", "4,2"], [], ["--quick"]):
+        compare.main(["--only", "main"] + given)
+    assert ran == [[0], [2, 4], [0, 1, 2], [0, 1]]
+    assert reported == [[0, 1, 2], [0, 1, 2, 4], [0, 1, 2], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("bad", ["1.5", "two", "-1", "", "0,,1"])
+def test_a_bad_seeds_value_is_refused_in_one_line(bad, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "run_all", lambda *a: pytest.fail("ran with a bad --seeds"))
+    with pytest.raises(SystemExit) as stop:
+        compare.main(["--only", "main", "--seeds", bad])
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and len(err) == 1
+    assert err[0].endswith(f": --seeds {bad!r}: seed ids, comma-separated, each 0 or more (as 0,1,2)")
+
+
 def test_memory_extrapolates_along_the_line_through_one_and_two_layers():
     # One layer's measurement + (L - 1) x the per-layer slope: 7 at 1 layer, 9 at 2, so 7 + 27 x 2 at 28 layers.
     assert memory.line_through(7.0, 9.0, 28) == 61.0

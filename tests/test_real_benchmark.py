@@ -158,6 +158,24 @@ def test_a_finished_run_is_recorded_once_and_an_unfinished_one_not(tmp_path, mon
     assert [seed for seed, _ in real.collect()["grpo"]] == [0, 2] and real.collect()["gspo"] == []
 
 
+def test_seeds_are_seed_ids_as_in_compare_py_and_a_bad_one_is_refused_in_one_line(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(real, "run_all", lambda arms, seeds, threads, jobs: ran.append(seeds) or 0)
+    monkeypatch.setattr(real, "report", lambda: None)
+    for given in (["--seeds", "2"], ["--seeds", "1,0"], []):
+        with pytest.raises(SystemExit) as stop:
+            real.main(["--only", "grpo"] + given)
+        assert stop.value.code == 0
+    assert ran == [[2], [0, 1], [0, 1]]
+    for bad in ("1.5", "two", "-1", "", "0,,1"):
+        with pytest.raises(SystemExit) as stop:
+            real.main(["--only", "grpo", "--seeds", bad])
+        err = capsys.readouterr().err.splitlines()
+        assert stop.value.code == 2 and len(err) == 1
+        assert err[0].endswith(f": --seeds {bad!r}: seed ids, comma-separated, each 0 or more (as 0,1,2)")
+    assert len(ran) == 3
+
+
 def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_times_add_up(tmp_path, monkeypatch,
                                                                                              capsys):
     for name, value in (("RUNS", tmp_path / "runs"), ("RECORDS", tmp_path / "records"),
