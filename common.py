@@ -71,7 +71,7 @@ def side_module(name, flag):
     try:
         return importlib.import_module(f"extras.{name}")
     except ModuleNotFoundError as e:
-        if e.name != "extras" and not e.name.startswith("extras."):
+        if not (e.name or "").startswith("extras"):
             raise                                                   # a package missing: its own message says which
         missing = "extras/__init__.py" if e.name == "extras" else f"{e.name.replace('.', '/')}.py"
         raise UsageError(f"{flag} needs {missing} beside common.py (extras/__init__.py lists what each file of "
@@ -247,17 +247,17 @@ def logprobs(model, world, rollout, temperature, routing=None):
     The full logits [N, T, V] are never held: with a real vocabulary they would be the largest tensor of
     the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
     of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
-    T, valid = rollout.mask.shape[1], rollout.mask.bool()
     cut, start, end = needed_columns(rollout)
     with autocast(model):
         hidden, chosen, aux_loss = trunk(model, cut.tokens[:, :-1], cut.attention_mask[:, :-1],
                                          None if routing is None else routing[:, :, start:end - 1])
-        hidden, targets = hidden[:, -cut.mask.shape[1]:][cut.mask.bool()], rollout.completions[valid]  # P+t-1 -> t
+        valid, P = cut.mask.bool(), cut.tokens.shape[1] - cut.mask.shape[1]
+        hidden, targets = hidden[:, P - 1:][valid], cut.completions[valid]   # position P+t-1 predicts token t
         chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
         parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
                  if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
                  for h, y in zip(hidden.split(chunk), targets.split(chunk))]
-    zeros = torch.zeros(rollout.mask.shape, device=hidden.device)
+    zeros, valid = torch.zeros(rollout.mask.shape, device=hidden.device), rollout.mask.bool()
     logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
     entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
     if chosen is not None:          # the routing of every input position again; 0 on the columns cut (no tokens)
@@ -269,9 +269,11 @@ def needed_columns(rollout):
     """The rows' columns that hold a token: from the first prompt column that is not padding in every row to the end of
     the longest completion. The rollout batch is padded to its longest prompt and completion; a minibatch of it often
     needs fewer columns, and the rest would cost the update's forward and backward for nothing (the real model's
-    completions run 12-64 tokens in one batch). Attention is causal and ignores padding, so the cut changes no
-    log-prob (only the logged load-balancing loss, which counted the padding). Returns (the rows cut, start, end):
-    columns start .. end - 1 of rollout.tokens."""
+    completions run 12-64 tokens in one batch). Attention is causal, so the columns after the longest completion
+    change nothing before them, and a Hugging Face model's attention mask hides the prompts' left padding (the toy's
+    prompts are all of one length: nothing to cut there). So the cut changes no log-prob, only the logged
+    load-balancing loss, which counted the padding. Returns (the rows cut, start, end): columns start .. end - 1 of
+    rollout.tokens."""
     P = rollout.tokens.shape[1] - rollout.mask.shape[1]
     start = int(rollout.attention_mask[:, :P].any(0).long().argmax()) if P else 0
     end = P + int(rollout.mask.sum(1).max())
@@ -812,7 +814,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         if message.startswith("unrecognized arguments: "):
             known = [option for action in self._actions for option in action.option_strings if option != "--help"]
-            unknown = [word.split("=")[0] for word in message.split(": ", 1)[1].split() if word.startswith("-")]
+            unknown = [word.split("=")[0] for word in message.split(": ", 1)[1].split() if word.startswith("--")]
             close = lambda flag: difflib.get_close_matches(flag, known, n=2, cutoff=0.7)
             message = "; ".join(f"unknown flag {flag}" + (f" (did you mean {' or '.join(close(flag))}?)"
                                                           if close(flag) else "") for flag in unknown) or message
@@ -849,8 +851,8 @@ def check_common_args(args, min_group_size=2):
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
     check(not args.static_cache or args.model is not None, "--static-cache needs --model (a Hugging Face model)")
-    if args.static_cache:                               # the model's cache= keyword: transformers >= 5.24
-        side_module("static_decode", "--static-cache").check_transformers()
+    if args.static_cache:     # its import checks that transformers is recent enough (5.24: the model's cache= keyword)
+        side_module("static_decode", "--static-cache")
     check(args.lora_r >= 0 and args.lora_alpha > 0,
           f"--lora-r must be 0 (off) or positive and --lora-alpha positive, got {args.lora_r} and {args.lora_alpha}")
     check(args.lora_r == 0 or args.model is not None, "--lora-r needs --model (the toy model is small: it trains "

@@ -219,7 +219,7 @@ def trl_code(algorithm, args):
         "import common",
         "from extras import graduate, hf_models",
         "",
-        "gpu = torch.cuda.is_available()  # bf16 autocast on a GPU, else fp32 on the CPU, as the scripts do",
+        "gpu = torch.cuda.is_available()  # bf16 autocast on a GPU, else fp32 (the scripts: bf16 where a CPU has it)",
         "config = GRPOConfig(",
         '    output_dir="runs/trl",',
         "    bf16=gpu,",

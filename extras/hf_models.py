@@ -12,6 +12,7 @@ import shutil
 import socket
 import sys
 import urllib.parse
+import urllib.request
 import warnings
 from decimal import Decimal
 from pathlib import Path
@@ -29,15 +30,16 @@ def make_policy(args, device):
     rows = read_jsonl(args.data)  # before loading the model: a broken file should fail fast
     reward = rewards.load_reward(args.reward) if args.reward else None
     lora = lora_config(args) if args.lora_r else None     # peft missing: say so before loading the model
-    # LoRA freezes the base: on CUDA it stays in the checkpoint's dtype (bf16: 2 bytes a parameter, not 16 with
-    # fp32 weights, gradients and AdamW's two moments); elsewhere fp32, as bf16 matmuls are slow on a CPU.
-    model, tokenizer = load_hf(args.model, device, "auto" if lora and device.type == "cuda" else torch.float32)
+    bf16 = common.uses_bf16(args, device)
+    # LoRA freezes the base: in bf16 on CUDA it stays in the checkpoint's dtype (bf16: 2 bytes a parameter, not 16 with
+    # fp32 weights, gradients and AdamW's two moments); elsewhere fp32 (a CPU's autocast casts fp32 weights as it goes).
+    model, tokenizer = load_hf(args.model, device, "auto" if lora and bf16 and device.type == "cuda" else torch.float32)
     world = hf_world(tokenizer, model, rows, args.data, args.eval_size, args.max_new_tokens)
     world.reward = reward or world.reward
     world.static_cache = args.static_cache and not hf_routing.routers(model)  # an MoE model keeps generate's loop
     model = common.training_mode(add_lora(model, lora, args.seed) if lora else model, args.gradient_checkpointing)
     check_scoring(model, args.model)
-    model.bf16 = common.uses_bf16(args, device)
+    model.bf16 = bf16
     print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, lr {args.lr}; "
           f"{common.compute(model, device)}")
     return model, world
@@ -83,10 +85,12 @@ def load_hf(name, device, dtype=torch.float32):
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False, dtype=dtype, use_kernels=False,
                                                      local_files_only=bool(offline))
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=bool(offline))
-    except (OSError, ValueError, KeyError) as e:
-        if offline:
+    except OSError as e:
+        if offline:        # what a Hub id with the Hub out of reach and not in the cache raises
             raise UsageError(f"--model {name}: not in the Hugging Face cache, and the Hub cannot be reached "
                              f"({offline})") from None
+        raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
+    except (ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -97,17 +101,19 @@ def load_hf(name, device, dtype=torch.float32):
 
 
 def hub_unreachable(timeout=5):
-    """Why the Hugging Face Hub cannot be reached ("offline" when HF_HUB_OFFLINE is set), or None when it can: one
-    connection to its host, a few seconds at most."""
+    """Why the Hugging Face Hub cannot be reached (HF_HUB_OFFLINE set, or no connection to its host, a few seconds at
+    most), or None when it can or when a proxy stands between (huggingface_hub then finds out itself)."""
     from huggingface_hub import constants
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
-    host = urllib.parse.urlparse(constants.ENDPOINT).hostname
+    if urllib.request.getproxies():
+        return None
+    url = urllib.parse.urlparse(constants.ENDPOINT)
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
         return None
     except OSError as e:
-        return f"{host}: {e.strerror or e}"
+        return f"{url.hostname}: {e.strerror or e}"
 
 
 def gguf_folder(name):

@@ -30,20 +30,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers.cache_utils import StaticLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import common
 
 MIN_TRANSFORMERS = (5, 24)  # the model's `cache=` keyword (past_key_values before)
-NAME = "static_decode"      # decode_attention's name among transformers' attention implementations
-# model -> {rows: StaticCache}, reused from call to call: the captured graph reads and writes the cache where it was
-# first allocated, and a new cache would be a new graph to record. It stays allocated through the update.
-CACHES = weakref.WeakKeyDictionary()
-LENGTH_STEP = 64  # a cache too short for a batch grows to the next multiple of this: few sizes, so few graphs, a run
-# The backend that compiles the step off CUDA: None runs it eagerly (a CPU gains nothing from a graph of one token's
-# small kernels); the tests set "aot_eager" or "inductor" to check on a CPU what CUDA compiles.
-CPU_BACKEND = None
 
 
 def check_transformers():
@@ -56,12 +46,27 @@ def check_transformers():
                  f"{installed}): pip install -U transformers")
 
 
+check_transformers()      # on import (--static-cache imports this module): before the imports an older one lacks
+from transformers.cache_utils import StaticLayer  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+
+NAME = "static_decode"      # decode_attention's name among transformers' attention implementations
+# model -> {rows: StaticCache}, reused from call to call: the captured graph reads and writes the cache where it was
+# first allocated, and a new cache would be a new graph to record. It stays allocated through the update.
+CACHES = weakref.WeakKeyDictionary()
+LENGTH_STEP = 64  # a cache too short for a batch grows to the next multiple of this: few sizes, so few graphs, a run
+# The backend that compiles the step off CUDA: None runs it eagerly (a CPU gains nothing from a graph of one token's
+# small kernels); the tests set "aot_eager" or "inductor" to check on a CPU what CUDA compiles.
+CPU_BACKEND = None
+
+
 @torch.no_grad()
 def decode(model, world, tokens, attention_mask, temperature, greedy=False):
     """What common.generate's loop makes of the left-padded prompts tokens, attention_mask [N, P]: the token of each
     step (a list of [N], PAD after a row's end) and, when sampling, the entropy of each step's distribution."""
     N, P = tokens.shape
-    rows = 1 << (N - 1).bit_length() if greedy else N
+    compiled = tokens.device.type == "cuda" or CPU_BACKEND is not None
+    rows = 1 << (N - 1).bit_length() if greedy and compiled else N     # eager: no graph to share, so no padding
     if rows > N:                                  # copies of the last row, their tokens dropped at the end
         tokens, attention_mask = (torch.cat([x, x[-1:].expand(rows - N, -1)]) for x in (tokens, attention_mask))
     device = tokens.device
@@ -74,7 +79,7 @@ def decode(model, world, tokens, attention_mask, temperature, greedy=False):
     temperature = torch.tensor(float(temperature), device=device)   # a tensor: every temperature, one graph
     alive = torch.arange(rows, device=device) < N                # a padding row has ended before it begins
     step = decode_step
-    if device.type == "cuda" or CPU_BACKEND is not None:
+    if compiled:
         step = compiled_step("inductor" if device.type == "cuda" else CPU_BACKEND)
     with attention(model), contextlib.ExitStack() as later_steps:
         # The prompts in one eager pass, as their length changes from batch to batch: the cache's first P slots.

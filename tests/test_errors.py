@@ -68,6 +68,7 @@ def test_a_model_name_that_is_no_folder_and_a_hub_out_of_reach_are_one_line_at_o
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))                        # an empty cache
     monkeypatch.setattr(hf_models.socket, "create_connection", reach or (lambda *a, **k: 1 / 0))
+    monkeypatch.setattr(hf_models.urllib.request, "getproxies", dict)   # no proxy in between
     monkeypatch.chdir(tmp_path)
     start = time.perf_counter()
     code, err = run(grpo, ["--model", "org/model" if reach else "mymodel", "--data", str(jsonl)], capsys)

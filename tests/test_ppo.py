@@ -119,9 +119,10 @@ def test_explained_variance_by_quarter_by_hand():
     assert ppo.explained_variance(values, returns, last) == pytest.approx(8 / 9)
 
 
-def test_ppo_end_to_end_on_the_toy(tmp_path):
+@pytest.mark.parametrize("dtype", ["auto", "bf16"])         # bf16: autocast through the policy, reference and critic
+def test_ppo_end_to_end_on_the_toy(dtype, tmp_path):
     ppo.main(["--steps", "3", "--prompts-per-step", "16", "--minibatches", "2", "--eval-size", "16",
-              "--eval-every", "2", "--out", str(tmp_path)])
+              "--eval-every", "2", "--dtype", dtype, "--out", str(tmp_path)])
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
