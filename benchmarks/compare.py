@@ -6,7 +6,7 @@
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 99 runs
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
-    python benchmarks/compare.py --only defaults --seeds 0 --jobs 1 --threads 2   # each script as it runs
+    python benchmarks/compare.py --only defaults --seeds 0   # each script as it runs (one thread), two at a time
 
 It runs the algorithm scripts as they are (a subprocess each, with flags), two at a time on one thread
 each, and reads their metrics.jsonl. Every run of an experiment starts from the same warm-started base
@@ -14,7 +14,7 @@ and generates the same number of completions per step (ppo: 128 prompts x 1; the
 Dynamic Sampling makes DAPO generate more, which the column `completions/step` shows.
 
 Experiments (one markdown table each in benchmarks/results/study.md, one figure for most):
-  defaults each script exactly as `python <script>` runs it, one seed, alone on 2 threads: its docstring
+  defaults each script exactly as `python <script>` runs it (one thread), one seed: its docstring
   main    ppo, grpo, grpo + Routing Replay, dapo, gspo, gspo-token on `add`
   length  dapo with all four techniques, then each switched off, and all off, on `progression`
   stress  grpo, grpo + Routing Replay and gspo under off-policy pressure: 16 minibatches (4x the updates)
@@ -107,7 +107,7 @@ def long_runs(lengths, stressed_length):
 # experiment: (flags shared by its runs, full steps, quick steps, [(label, script, flags)])
 EXPERIMENTS = {
     # Each script exactly as `python <script>` runs it (steps and evaluation at its defaults), one seed: the
-    # figures of its docstring. Run alone: --only defaults --seeds 0 --jobs 1 --threads 2.
+    # figures of its docstring: --only defaults --seeds 0 (one thread each, as the scripts default to, two at a time).
     "defaults": ([], None, 20, [
         ("grpo", "grpo.py", []),
         ("grpo + replay", "grpo.py", ["--routing-replay"]),
@@ -942,7 +942,7 @@ def report(seeds, quick):
     lines = [f"# Study results{' (--quick: a smoke run, not results)' if quick else ''}", "",
              f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}` (mean ± std over seeds, "
              f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
-             f"--seeds 0 --jobs 1 --threads 2` (each script alone, as `python <script>` runs it). \"start\" is the "
+             f"--seeds 0` (each script as `python <script>` runs it, on one thread, two at a time). \"start\" is the "
              f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps.", ""]
     kept = old_sections(results / "study.md")
     for name in EXPERIMENTS:

