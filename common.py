@@ -251,13 +251,13 @@ def logprobs(model, world, rollout, temperature, routing=None):
     with autocast(model):
         hidden, chosen, aux_loss = trunk(model, cut.tokens[:, :-1], cut.attention_mask[:, :-1],
                                          None if routing is None else routing[:, :, start:end - 1])
-        valid, P = cut.mask.bool(), cut.tokens.shape[1] - cut.mask.shape[1]
-        hidden, targets = hidden[:, P - 1:][valid], cut.completions[valid]   # position P+t-1 predicts token t
+        P, kept = cut.tokens.shape[1] - cut.mask.shape[1], cut.mask.bool()
+        hidden, targets = hidden[:, P - 1:][kept], cut.completions[kept]      # position P+t-1 predicts token t
         chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
         parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
                  if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
                  for h, y in zip(hidden.split(chunk), targets.split(chunk))]
-    zeros, valid = torch.zeros(rollout.mask.shape, device=hidden.device), rollout.mask.bool()
+    zeros, valid = torch.zeros(rollout.mask.shape, device=hidden.device), rollout.mask.bool()   # the same tokens
     logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
     entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
     if chosen is not None:          # the routing of every input position again; 0 on the columns cut (no tokens)
@@ -275,6 +275,7 @@ def needed_columns(rollout):
     load-balancing loss, which counted the padding. Returns (the rows cut, start, end): columns start .. end - 1 of
     rollout.tokens."""
     P = rollout.tokens.shape[1] - rollout.mask.shape[1]
+    # Two host syncs a minibatch (the shapes must be known): nothing beside a forward and backward.
     start = int(rollout.attention_mask[:, :P].any(0).long().argmax()) if P else 0
     end = P + int(rollout.mask.sum(1).max())
     return Rollout(rollout.tokens[:, start:end], rollout.attention_mask[:, start:end], rollout.mask[:, :end - P],
@@ -809,7 +810,7 @@ def parse_args(cls, doc, argv=None):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one line for a mistake, not the usage block: an unknown flag is named with the closest real ones."""
+    """argparse with one line for a mistake, not the usage block: an unknown flag named with the closest real ones."""
 
     def error(self, message):
         if message.startswith("unrecognized arguments: "):
@@ -864,8 +865,9 @@ def check_common_args(args, min_group_size=2):
     check(args.dtype in ("auto", "bf16", "fp32"), f"unknown --dtype {args.dtype!r}; use auto, bf16 or fp32")
     if args.resume:           # before the model is built: a mistyped folder should not cost a warm start first
         check(Path(args.resume).is_dir(), f"--resume {args.resume}: no such folder")
-        check((Path(args.resume) / "checkpoint.pt").is_file(), f"--resume {args.resume}: no checkpoint.pt in that "
-                                                               f"folder (to start a run there afresh: --out {args.resume})")
+        check((Path(args.resume) / "checkpoint.pt").is_file(),
+              f"--resume {args.resume}: no checkpoint.pt in that folder (to start a run there afresh: --out "
+              f"{args.resume})")
     set_threads(args)
 
 
@@ -933,8 +935,8 @@ class RunStopped(Exception):
 
 
 # Settings a resumed run may change; any other difference from the checkpoint's is refused.
-RESUMABLE = {"steps", "out", "resume", "device", "threads", "dtype", "eval_every", "save_every", "gradient_checkpointing",
-             "merge_lora"}
+RESUMABLE = {"steps", "out", "resume", "device", "threads", "dtype", "eval_every", "save_every",
+             "gradient_checkpointing", "merge_lora"}
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
 
 

@@ -32,6 +32,13 @@ def stop_line(out):
     return None
 
 
+def cpu_name():
+    """The CPU's model name, as Linux's /proc/cpuinfo gives it ("AMD EPYC"), or "a CPU": absolute times need it."""
+    info = Path("/proc/cpuinfo")
+    return next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+                 if line.startswith("model name")), "a CPU") if info.exists() else "a CPU"
+
+
 def launch(script, flags, out, threads, env=None, resume=False):
     """One run as a subprocess on `threads` threads, its output in out/log.txt, its wall time in out/wall_seconds;
     the exit code, 0 for a run that stopped on purpose. A run starts from nothing, or with `resume` continues from

@@ -149,9 +149,7 @@ def machine(threads, jobs):
     import torch
     if torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name()} (bf16 autocast), {jobs} runs at a time"
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "a CPU") if Path("/proc/cpuinfo").exists() else "a CPU"
-    return f"{threads} threads of an {cpu}" + (f", {jobs} runs at a time" if jobs > 1 else "")
+    return f"{threads} threads of an {bench.cpu_name()}" + (f", {jobs} runs at a time" if jobs > 1 else "")
 
 
 def run_all(arms, seeds, threads, jobs=1):

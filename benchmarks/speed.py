@@ -193,15 +193,8 @@ def real_table(steps, rounds, tmp):
                      f"{median('time_update_s'):.1f} |")
         print(lines[-1], flush=True)
     first, second = (statistics.median(walls[name]) for name in settings)
-    return lines + ["", f"bf16 autocast takes {second / first:.2f} of fp32's wall time ({first / second:.2f}× as fast)."]
-
-
-def cpu_name():
-    """The CPU's model name (Linux), for a table of absolute times."""
-    info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
-             if line.startswith("model name")]
-    return f"{len(names) or os.cpu_count()} cores of an {names[0]}" if names else f"{os.cpu_count()} CPU cores"
+    return lines + ["", f"bf16 autocast takes {second / first:.2f} of fp32's wall time "
+                        f"({first / second:.2f}× as fast)."]
 
 
 def merged(path, lines):
@@ -516,11 +509,13 @@ def main(argv=None):
                           *generation_table(args.device), ""]
             if "threads" in parts:
                 lines += ["## Threads: the toy alone and beside other work", "",
-                          f"On {cpu_name()}, nothing else running (`python benchmarks/speed.py --only threads`).", "",
+                          f"On {os.cpu_count()} cores of an {bench.cpu_name()}, nothing else running "
+                          f"(`python benchmarks/speed.py --only threads`).", "",
                           *threads_table(args.threads_steps, args.threads_side_steps, args.rounds, tmp), ""]
             if "real" in parts:
                 lines += ["## The real model on a CPU: fp32 and bf16", "",
-                          f"On {cpu_name()}, nothing else running (`python benchmarks/speed.py --only real`).", "",
+                          f"On {os.cpu_count()} cores of an {bench.cpu_name()}, nothing else running "
+                          f"(`python benchmarks/speed.py --only real`).", "",
                           *real_table(args.real_steps, args.rounds, tmp), ""]
             if "trl" in parts:
                 lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
