@@ -29,10 +29,9 @@ and take one optimizer step on each. With a single on-policy update s_i = 1 exac
 the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
 sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.676 and sampled accuracy 0.17 -> 0.57 (first
-1/8 of the 2400 steps -> last 1/10), 0.081 s a step on 2 threads of a CPU not recorded (before one thread became the
-toy's default), seed 0; 27% of tokens clipped, as whole sequences (`python benchmarks/compare.py --only defaults`;
-README.md).
+What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.700 and sampled accuracy 0.17 -> 0.58 (first
+1/8 of the 2400 steps -> last 1/10), seed 0; 27% of tokens clipped, as whole sequences (`python
+benchmarks/compare.py --only defaults --seeds 0`, one thread, AMD EPYC; README.md).
 
 What differs from grpo.py
 - policy_loss: the sequence ratio s_i and sequence clipping with eps_low 3e-4 / eps_high 4e-4;

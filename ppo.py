@@ -21,9 +21,9 @@ other scripts' 16 prompts x 8), score them, compute old, reference and value est
 --epochs passes over --minibatches minibatches, one policy step and one critic step each.
 Metrics go to runs/ppo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.742 and sampled accuracy 0.18 -> 0.68 (first
-1/8 of the 700 steps -> last 1/10), 0.270 s a step on 2 threads of a CPU not recorded (before one thread became the
-toy's default), seed 0 (`python benchmarks/compare.py --only defaults`; README.md).
+What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.782 and sampled accuracy 0.18 -> 0.67 (first
+1/8 of the 700 steps -> last 1/10), seed 0 (`python benchmarks/compare.py --only defaults --seeds 0`, one thread,
+AMD EPYC; README.md).
 
 verl 0.9.1's defaults differ from these (`python ppo.py --print-verl` prints the settings that match):
 algorithm.lam=1.0, algorithm.kl_ctrl.kl_coef=0.001, critic.cliprange_value=0.5, actor.ppo_epochs=1 (here
