@@ -30,7 +30,7 @@ the plain policy gradient coincide; from the second minibatch on the policy is o
 sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.700 and sampled accuracy 0.17 -> 0.58 (first
-1/8 of the 2400 steps -> last 1/10), seed 0; 27% of tokens clipped, as whole sequences (`python
+1/8 of the 2400 steps -> last 1/10), seed 0; 28% of tokens clipped, as whole sequences (`python
 benchmarks/compare.py --only defaults --seeds 0`, one thread, AMD EPYC; README.md).
 
 What differs from grpo.py
