@@ -1,16 +1,18 @@
-"""Looking at a run: its metrics.jsonl drawn as one PNG, a panel a quantity over the steps.
+"""Looking at a run, or comparing runs: their metrics.jsonl drawn as one PNG, a panel a quantity over the steps.
 
     python -m extras.plot runs/grpo-add-20261204-101500          # writes runs/grpo-add-.../metrics.png
-    python -m extras.plot runs/*                                  # each run's metrics.png
+    python -m extras.plot runs/grpo-add-* runs/gspo-add-*         # the runs on the same panels: runs.png, here
     python -m extras.plot DIR --out run.png
 
 Panels: the sampled reward and accuracy, the greedy held-out accuracy (the evaluations), the completion length and
 the share cut off, the clip fraction, the KL estimates (k3 KL(old || new) of the update, the KL to the reference
 where the run has one) and, on MoE runs, what routing did since the rollout: the routing drift, and |log r| of the
-re-routed tokens against the others. A quantity the run did not log is left out. The title names the script, the
-task or model, the settings that differ from the script's defaults (read from the run's checkpoint.pt) and the
-held-out accuracy from base to last. Over many steps each quantity is drawn faint, under its running mean over a
-fiftieth of them. Needs matplotlib (pip install matplotlib).
+re-routed tokens against the others (on a log scale, where the spikes of the first leave the second readable). A
+quantity the run did not log is left out. The title names the script, the task or model, the settings that differ
+from the script's defaults (read from the run's checkpoint.pt) and the held-out accuracy from base to last. Over many
+steps each quantity is drawn faint, under its running mean over a fiftieth of them. Several runs share the panels, a
+colour a run, named by their script and the settings that differ between them; a panel shows the runs that logged
+it. Needs matplotlib (pip install matplotlib).
 """
 import argparse
 import dataclasses
@@ -34,6 +36,8 @@ PANELS = [("sampled reward and accuracy", "mean over the step's completions",
            [("routing_drift", None)]),
           ("|log r| of re-routed vs other tokens (MoE)", "mean |log r| (nats)",
            [("abs_log_ratio_rerouted", "re-routed tokens"), ("abs_log_ratio_other", "other tokens")])]
+LOG_SCALE = {"|log r| of re-routed vs other tokens (MoE)"}
+STYLES = ["-", "--", ":"]   # several runs: a colour a run, a line style a panel's quantity
 # Settings that say where or how the run ran, not what it trained: left out of the title.
 PLUMBING = {"out", "resume", "device", "threads", "save_every", "print_verl", "print_trl", "export_verl_data"}
 # Shown in the title's own words, not as flags.
@@ -58,45 +62,64 @@ def running_mean(values, width):
 
 def figure(rows, title):
     """The panels of PANELS that the rows have, three a row, as a matplotlib figure; returns it and the panels'
-    titles."""
+    titles. rows: one run's, or {legend: rows} of several runs, drawn on the same panels."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    runs = rows if isinstance(rows, dict) else {None: rows}
+    several = len(runs) > 1
     panels = []
     for name, ylabel, lines in PANELS:
-        lines = [(key, legend) for key, legend in lines if series(rows, key)[0]]
+        lines = [(key, legend) for key, legend in lines if any(series(rows, key)[0] for rows in runs.values())]
         keys = [key for key, _ in lines]
         if keys == ["reward_mean", "accuracy"] and all(
                 number(r.get("accuracy")) and math.isclose(r["reward_mean"], r["accuracy"], abs_tol=1e-9)
-                for r in rows if number(r.get("reward_mean"))):
+                for rows in runs.values() for r in rows if number(r.get("reward_mean"))):
             lines = [("reward_mean", "reward_mean = accuracy (share right)")]   # one line would hide the other
         if lines:
             panels.append((name, ylabel, lines))
     grid_rows = (len(panels) + 2) // 3
-    fig, axes = plt.subplots(grid_rows, 3, figsize=(11, 3.2 * grid_rows + 1), squeeze=False)
+    height = 3.2 * grid_rows + 1 + (0.3 * ((len(runs) + 2) // 3) if several else 0)   # inches: room for the runs
+    fig, axes = plt.subplots(grid_rows, 3, figsize=(11, height), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.remove()
     widths = set()
     for ax, (name, ylabel, lines) in zip(axes.flat, panels):
-        for key, legend in lines:
-            steps, values = series(rows, key)
-            width = len(values) // 50     # many steps are noisy: each drawn faint, under their running mean
-            if width < 2:
-                ax.plot(steps, values, marker="o" if len(values) < 30 else None, ms=3, label=legend)
-                continue
-            widths.add(width)
-            raw = ax.plot(steps, values, lw=0.5, alpha=0.3)[0]
-            ax.plot(steps, running_mean(values, width), color=raw.get_color(), label=legend)
+        for i, (run, rows) in enumerate(runs.items()):
+            for style, (key, legend) in zip(STYLES, lines):
+                steps, values = series(rows, key)
+                if not steps:
+                    continue
+                look = dict(color=f"C{i % 10}", linestyle=style) if several else {}
+                label = ": ".join(filter(None, [run, legend])) or None
+                width = len(values) // 50     # many steps are noisy: each drawn faint, under their running mean
+                if width < 2:
+                    ax.plot(steps, values, marker="o" if len(values) < 30 else None, ms=3, label=label, **look)
+                    continue
+                widths.add(width)
+                raw = ax.plot(steps, values, lw=0.5, alpha=0.3, **look)[0]
+                ax.plot(steps, running_mean(values, width), **(look or {"color": raw.get_color()}), label=label)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step (rollout batch)", fontsize=9)
         ax.set_ylabel(ylabel, fontsize=9)
-        if any(legend for _, legend in lines):
+        if name in LOG_SCALE:
+            ax.set_yscale("log", nonpositive="mask")   # an exact 0 (no update yet moved them) is a gap
+        if several and any(legend for _, legend in lines):   # the runs' colours are the figure's legend
+            ax.legend(handles=[Line2D([], [], color="grey", linestyle=style, label=legend)
+                               for style, (_, legend) in zip(STYLES, lines) if legend], fontsize=8)
+        elif any(legend for _, legend in lines):
             ax.legend(fontsize=8)
+    bottom = 0.25 if widths else 0   # inches, under the panels
     if widths:   # said once for every panel, not in each legend
         fig.text(0.5, 0.005, f"faint: each step's value; solid: its running mean over the last "
                              f"{' or '.join(map(str, sorted(widths)))} steps", ha="center", va="bottom", fontsize=9)
+    if several:
+        fig.legend(handles=[Line2D([], [], color=f"C{i % 10}", label=run) for i, run in enumerate(runs)],
+                   loc="lower center", bbox_to_anchor=(0.5, bottom / height), ncol=3, fontsize=9, frameon=False)
+        bottom += 0.3 * ((len(runs) + 2) // 3)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.03 if widths else 0, 1, 1))
+    fig.tight_layout(rect=(0, bottom / height, 1, 1))
     return fig, [name for name, _, _ in panels]
 
 
@@ -152,19 +175,47 @@ def title(folder, rows):
             shape.append(f"lr {args['lr']:g}")
         if number(args.get("critic_lr")):   # ppo.py's, set from --lr unless given
             shape.append(f"critic lr {args['critic_lr']:g}")
-        try:   # the defaults of the script as it is now (without it, only the shape above)
-            defaults = {f.name: f.default for f in dataclasses.fields(importlib.import_module(algorithm).Args)}
-        except (ImportError, AttributeError):
-            defaults = {}
+        defaults = script_defaults(algorithm)
         changed = [flag(name, value) for name, value in args.items()
                    if name in defaults and name not in PLUMBING | SHAPE and value != defaults[name]]
         lines.append(", ".join(shape) + (f"; {' '.join(changed)}" if changed else ""))
+    return "\n".join(lines + [held_out(rows)] * bool(series(rows, "eval_accuracy")[0]))
+
+
+def script_defaults(algorithm):
+    """{setting: default} of the script as it is now; {} where it is not there to say."""
+    try:
+        return {f.name: f.default for f in dataclasses.fields(importlib.import_module(algorithm).Args)}
+    except (ImportError, AttributeError):
+        return {}
+
+
+def held_out(rows):
+    """The held-out accuracy from the first evaluation to the last, or "" where the run has none."""
     steps, accuracy = series(rows, "eval_accuracy")
-    if steps:
-        first = "base" if steps[0] == 0 else f"step {steps[0]}"
-        lines.append(f"held-out accuracy (greedy): {first} {accuracy[0]:.3f}" +
-                     (f" → {accuracy[-1]:.3f} at step {steps[-1]}" if len(steps) > 1 else ""))
-    return "\n".join(lines)
+    if not steps:
+        return ""
+    first = "base" if steps[0] == 0 else f"step {steps[0]}"
+    return (f"held-out accuracy (greedy): {first} {accuracy[0]:.3f}" +
+            (f" → {accuracy[-1]:.3f} at step {steps[-1]}" if len(steps) > 1 else ""))
+
+
+def legends(folders):
+    """Each run's legend: its script and the settings that differ between the runs where they are not its script's
+    default ("grpo", "grpo --routing-replay", "gspo --seed 1"); the folder's name for a run without a checkpoint."""
+    settings = [read_settings(folder) for folder in folders]
+    known = [args for algorithm, args in settings if algorithm]
+    differ = {name for args in known for name in args if name not in PLUMBING
+              and len({repr(other[name]) for other in known if name in other}) > 1}
+    names = []
+    for folder, (algorithm, args) in zip(folders, settings):
+        if algorithm is None:
+            names.append(folder.resolve().name)
+            continue
+        defaults = script_defaults(algorithm)
+        names.append(" ".join([algorithm] + [flag(name, value) for name, value in args.items()
+                                             if name in differ and (name not in defaults or value != defaults[name])]))
+    return [name if names.count(name) == 1 else f"{name} ({folder})" for name, folder in zip(names, folders)]
 
 
 def fail(message):
@@ -188,17 +239,26 @@ def read(run):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Draw a run's metrics.jsonl as a PNG.")
+    parser = argparse.ArgumentParser(description="Draw a run's metrics.jsonl as a PNG, or several runs side by side.")
     parser.add_argument("runs", nargs="+", help="the runs' folders (or their metrics.jsonl)")
-    parser.add_argument("--out", help="the PNG to write, for one run (default: metrics.png in the run's folder)")
+    parser.add_argument("--out", help="the PNG to write (default: metrics.png in the run's folder; for several runs, "
+                                      "runs.png in the current folder)")
     args = parser.parse_args(argv)
-    if args.out and len(args.runs) > 1:
-        fail("--out names one file: give one run")
     if importlib.util.find_spec("matplotlib") is None:
         fail("plotting needs matplotlib, which is not installed: pip install matplotlib")
-    for metrics, rows in [read(run) for run in args.runs]:   # every run read first: a bad one stops before any PNG
-        out = Path(args.out) if args.out else metrics.with_suffix(".png")
-        print(f"wrote {out} ({', '.join(plot(rows, out, title(metrics.parent, rows)))})")
+    runs = [read(run) for run in args.runs]   # every run read first: a bad one stops before the PNG
+    if len(runs) == 1:
+        (metrics, rows), = runs
+        out = Path(args.out or metrics.with_suffix(".png"))
+        panels = plot(rows, out, title(metrics.parent, rows))
+    else:
+        folders = [metrics.parent for metrics, _ in runs]
+        names = legends(folders)
+        out = Path(args.out or "runs.png")
+        panels = plot({name: rows for name, (_, rows) in zip(names, runs)}, out, "\n".join(
+            "; ".join(filter(None, [f"{name}: {folder}", held_out(rows)])) for name, folder, (_, rows)
+            in zip(names, folders, runs)))
+    print(f"wrote {out} ({', '.join(panels)})")
 
 
 if __name__ == "__main__":

@@ -49,23 +49,107 @@ def test_without_matplotlib_it_says_what_to_install(tmp_path, capsys, monkeypatc
                                                                "installed: pip install matplotlib\n")
 
 
-def test_several_runs_each_get_their_png(tmp_path, capsys):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
-    plot.main([str(tmp_path / "a"), str(tmp_path / "b")])
-    assert (tmp_path / "a" / "metrics.png").is_file() and (tmp_path / "b" / "metrics.png").is_file()
-    assert capsys.readouterr().out.count("wrote ") == 2
-    with pytest.raises(SystemExit) as stop:
-        plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x.png")])
-    assert stop.value.code == 2 and "--out names one file" in capsys.readouterr().err
-
-
 def lines(ax):
     """(legend, y values) of the lines of one panel, in the order drawn; the faint ones have no legend."""
     return [(None if line.get_label().startswith("_") else line.get_label(), list(line.get_ydata()))
             for line in ax.get_lines()]
+
+
+def fake_run(folder, steps, algorithm=None, **settings):
+    """A run's folder: metrics.jsonl (an evaluation at steps 0 and 2, {key: [value at step 1, at step 2]} between)
+    and, for a script, a checkpoint.pt holding what the plot reads: the script's name and its settings."""
+    import dataclasses
+    import importlib
+    import torch
+    folder.mkdir()
+    rows = [{"step": 0, "eval_accuracy": 0.4}] + [{"step": s} for s in (1, 2)]
+    rows[2]["eval_accuracy"] = 0.5
+    for key, values in steps.items():
+        rows[1][key], rows[2][key] = values
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if algorithm:
+        args = dataclasses.asdict(importlib.import_module(algorithm).Args(lr=1e-4, **settings))
+        torch.save({"algorithm": algorithm, "args": args | {"out": str(folder)}}, folder / "checkpoint.pt")
+    return folder
+
+
+def test_several_runs_share_the_panels_a_colour_and_a_legend_entry_a_run(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    moe = {"routing_drift": [0.01, 0.02], "abs_log_ratio_rerouted": [2.0, 10.0], "abs_log_ratio_other": [0.01, 0.02]}
+    # First a run that logged no routing. One run's reward is not its accuracy: both are drawn, for every run.
+    runs = [fake_run(tmp_path / "a", {"reward_mean": [0.1, 0.2], "accuracy": [0.1, 0.2]}, "gspo", seed=1),
+            fake_run(tmp_path / "b", {"reward_mean": [0.2, 0.3], "accuracy": [0.2, 0.3]} | moe, "grpo"),
+            # Replayed routing: nothing re-routed (NaN), so no |log r| of re-routed tokens.
+            fake_run(tmp_path / "c", {"reward_mean": [0.25, 0.35], "accuracy": [0.3, 0.4], "routing_drift": [0, 0],
+                                      "abs_log_ratio_rerouted": [float("nan")] * 2,
+                                      "abs_log_ratio_other": [0.005, 0.006]}, "grpo", routing_replay=True),
+            fake_run(tmp_path / "copied", {})]   # metrics.jsonl without its checkpoint
+    monkeypatch.chdir(tmp_path)
+    # A folder without metrics.jsonl among them: one line, and no PNG.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        plot.main([str(run) for run in runs] + [str(tmp_path / "empty")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and f"{tmp_path / 'empty' / 'metrics.jsonl'}: no such" in err
+    assert not (tmp_path / "runs.png").exists()
+
+    figures = []
+    figure = plot.figure
+    monkeypatch.setattr(plot, "figure", lambda rows, title: figures.append(figure(rows, title)) or figures[-1])
+    plot.main([str(run) for run in runs])
+    assert (tmp_path / "runs.png").read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out == ("wrote runs.png (sampled reward and accuracy, held-out accuracy (greedy), "
+                                       "routing drift since the rollout (MoE), |log r| of re-routed vs other tokens "
+                                       "(MoE))\n")
+    (fig, panels), = figures
+    # The legend: the script and the settings that differ between the runs where not the script's default (not
+    # gspo's own clipping, not where each ran); the folder's name where no checkpoint says more.
+    names = ["gspo --seed 1", "grpo", "grpo --routing-replay", "copied"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == names
+    assert fig.get_suptitle() == "\n".join(f"{name}: {run}; held-out accuracy (greedy): base 0.400 → 0.500 at step 2"
+                                           for name, run in zip(names, runs))
+    # One line a run and a quantity, in the run's colour; a panel's second quantity dashed, as its legend says.
+    drawn = {ax.get_title(): [(line.get_label(), list(line.get_ydata()), line.get_color(), line.get_linestyle())
+                              for line in ax.get_lines()] for ax in fig.axes}
+    assert list(drawn) == panels and drawn == {
+        "sampled reward and accuracy": [("gspo --seed 1: reward_mean", [0.1, 0.2], "C0", "-"),
+                                        ("gspo --seed 1: accuracy (share right)", [0.1, 0.2], "C0", "--"),
+                                        ("grpo: reward_mean", [0.2, 0.3], "C1", "-"),
+                                        ("grpo: accuracy (share right)", [0.2, 0.3], "C1", "--"),
+                                        ("grpo --routing-replay: reward_mean", [0.25, 0.35], "C2", "-"),
+                                        ("grpo --routing-replay: accuracy (share right)", [0.3, 0.4], "C2", "--")],
+        "held-out accuracy (greedy)": [(name, [0.4, 0.5], f"C{i}", "-") for i, name in enumerate(names)],
+        "routing drift since the rollout (MoE)": [("grpo", [0.01, 0.02], "C1", "-"),
+                                                  ("grpo --routing-replay", [0, 0], "C2", "-")],
+        "|log r| of re-routed vs other tokens (MoE)": [("grpo: re-routed tokens", [2.0, 10.0], "C1", "-"),
+                                                       ("grpo: other tokens", [0.01, 0.02], "C1", "--"),
+                                                       ("grpo --routing-replay: other tokens", [0.005, 0.006], "C2",
+                                                        "--")]}
+    assert {ax.get_title(): [(t.get_text(), line.get_linestyle()) for t, line in
+                             zip(ax.get_legend().get_texts(), ax.get_legend().get_lines())]
+            for ax in fig.axes if ax.get_legend()} == {
+        "sampled reward and accuracy": [("reward_mean", "-"), ("accuracy (share right)", "--")],
+        "|log r| of re-routed vs other tokens (MoE)": [("re-routed tokens", "-"), ("other tokens", "--")]}
+    # Two runs of one script and settings: told apart by their folders; --out names the file.
+    same = fake_run(tmp_path / "again", {"reward_mean": [0.2, 0.3], "accuracy": [0.2, 0.3]}, "grpo")
+    plot.main([str(runs[1]), str(same), "--out", str(tmp_path / "two.png")])
+    assert [t.get_text() for t in figures[-1][0].legends[0].get_texts()] == [f"grpo ({runs[1]})", f"grpo ({same})"]
+    assert (tmp_path / "two.png").is_file()
+
+
+def test_the_log_ratio_panel_is_on_a_log_scale():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    # Re-routed tokens spike to 10 where the others stay near 0.01: on a linear scale these would lie flat on 0.
+    # An exact 0 (every token unmoved) is a gap on the log scale; the data drawn are still the metrics'.
+    rerouted, other = [10.0, float("nan"), 3.0], [0.0, 0.01, 0.02]
+    rows = [{"step": s, "abs_log_ratio_rerouted": r, "abs_log_ratio_other": o}
+            for s, r, o in zip((1, 2, 3), rerouted, other)]
+    fig, panels = plot.figure(rows, "spikes")
+    (ax,) = fig.axes
+    assert panels == ["|log r| of re-routed vs other tokens (MoE)"] and ax.get_yscale() == "log"
+    assert lines(ax) == [("re-routed tokens", [10.0, 3.0]), ("other tokens", other)]
+    low, high = ax.get_ylim()
+    assert 0 < low < 0.01 and high >= 10
 
 
 def test_a_long_run_is_drawn_faint_under_its_running_mean(tmp_path):
@@ -97,6 +181,7 @@ def test_every_panel_says_what_it_draws_and_in_what_unit():
     fig, panels = plot.figure(rows, "moe")
     drawn = {ax.get_title(): (ax.get_ylabel(), lines(ax)) for ax in fig.axes}
     assert list(drawn) == panels and all(ax.get_xlabel() == "step (rollout batch)" for ax in fig.axes)
+    assert [ax.get_yscale() for ax in fig.axes] == ["linear"] * 6 + ["log"]
     assert drawn == {
         "sampled reward and accuracy": ("mean over the step's completions",
                                         [("reward_mean", [0.1, 0.1]), ("accuracy (share right)", [0.3, 0.3])]),
