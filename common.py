@@ -166,10 +166,11 @@ def sampling_mode(model):
 
 
 def autocast(model):
-    """bf16 autocast where make_policy chose bf16 for the run (model.bf16, --dtype): the matrix products in bf16, the
-    weights kept in fp32 for the optimiser, the log-probs computed in fp32 after the head; plain fp32 elsewhere."""
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
-                          enabled=getattr(model, "bf16", False))
+    """bf16 autocast where make_policy chose bf16 for the run (model.bf16, --dtype), and on CUDA for a model built
+    without it (a benchmark's), as --dtype auto: the matrix products in bf16, the weights kept in fp32 for the
+    optimiser, the log-probs computed in fp32 after the head; plain fp32 elsewhere."""
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=getattr(model, "bf16", device == "cuda"))
 
 
 def forward(model, tokens, attention_mask, cache=None):
@@ -260,7 +261,9 @@ def logprobs(model, world, rollout, temperature, routing=None):
     zeros, valid = torch.zeros(rollout.mask.shape, device=hidden.device), rollout.mask.bool()   # the same tokens
     logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
     entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
-    if chosen is not None:          # the routing of every input position again; 0 on the columns cut (no tokens)
+    if chosen is not None:     # the routing of every input position; expert 0 on the columns cut (only padding):
+        # replayed there (a wider minibatch) it routes tokens no counted position sees (masked, or after the answer),
+        # and the routing metrics read completion tokens only. A value no expert has would break replay's indexing.
         chosen = F.pad(chosen, (0, 0, start, rollout.tokens.shape[1] - end))
     return logp, entropy, chosen, aux_loss
 
@@ -640,12 +643,12 @@ def make_policy(args, device):
 
 def uses_bf16(args, device):
     """--dtype auto: bf16 autocast on CUDA, and with --model on a CPU that computes bf16 natively (AVX512-BF16 or AMX:
-    the real model's step 1.5x faster, benchmarks/results/real.md); fp32 elsewhere (the toy's operations are too small
-    to gain, and a CPU without those instructions emulates bf16, slower than fp32)."""
+    the real model's step 1.5x faster, benchmarks/results/speed.md) in torch's AVX-512 kernels (ATEN_CPU_CAPABILITY
+    avx2 or default: bf16 attention fails on AMX); else fp32 (the toy gains nothing, emulated bf16 is slower)."""
     if args.dtype != "auto":
         return args.dtype == "bf16"
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
-        getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    native = torch.backends.cpu.get_cpu_capability() == "AVX512" and any(   # the kernels in use, beside the chip's
+        getattr(torch.cpu, f"_is_{flag}_supported", lambda: False)() for flag in ("avx512_bf16", "amx_tile"))
     return device.type == "cuda" or (device.type == "cpu" and args.model is not None and native)
 
 
@@ -852,7 +855,7 @@ def check_common_args(args, min_group_size=2):
           f"--top-k must be between 1 and --n-experts ({args.n_experts}), got {args.top_k}")
     check(args.data is None or args.model is not None, "--data needs --model (the toy model only knows the toy tasks)")
     check(not args.static_cache or args.model is not None, "--static-cache needs --model (a Hugging Face model)")
-    if args.static_cache:     # its import checks that transformers is recent enough (5.24: the model's cache= keyword)
+    if args.static_cache:     # its import checks transformers (5.24: the cache= keyword) and torch (2.6: set_stance)
         side_module("static_decode", "--static-cache")
     check(args.lora_r >= 0 and args.lora_alpha > 0,
           f"--lora-r must be 0 (off) or positive and --lora-alpha positive, got {args.lora_r} and {args.lora_alpha}")
@@ -871,26 +874,23 @@ def check_common_args(args, min_group_size=2):
     set_threads(args)
 
 
-# torch's thread count as the process started (every physical core, or OMP_NUM_THREADS), then as set_threads left it
-THREADS = {"torch": torch.get_num_threads(), "set": torch.get_num_threads()}
+# torch's thread count as the process started: every physical core, unless the program set another before
+TORCH_THREADS = torch.get_num_threads()
 
 
 def set_threads(args):
-    """CPU threads follow the model, as --lr does. The first of: --threads; torch.set_num_threads, when a program that
-    calls main() set it; OMP_NUM_THREADS; else one on the toy (its matrices are too small to share: two threads spin
-    waiting for each other, slower alone and many times slower beside any other busy process;
-    benchmarks/results/speed.md) and torch's default, every core, with --model (its matrices fill them)."""
+    """CPU threads follow the model, as --lr does. The first of: --threads; OMP_NUM_THREADS; else one on the toy (its
+    matrices are too small to share: two threads spin waiting for each other, slower alone and many times slower
+    beside any other busy process; benchmarks/results/speed.md) and torch's count as the process started, every core,
+    with --model (its matrices fill them). A program that calls main() passes --threads: the run sets torch's count."""
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    if args.threads is None and torch.get_num_threads() != THREADS["set"]:
-        args.threads = torch.get_num_threads()
-    elif args.threads is None and omp:
+    if args.threads is None and omp:
         check(omp.isdigit() and int(omp) > 0, f"OMP_NUM_THREADS must be a positive count, got {omp!r}")
         args.threads = int(omp)
     elif args.threads is None:
-        args.threads = 1 if args.model is None else THREADS["torch"]
+        args.threads = 1 if args.model is None else TORCH_THREADS
     check(args.threads > 0, f"--threads must be positive, got {args.threads}")
     torch.set_num_threads(args.threads)
-    THREADS["set"] = args.threads
 
 
 def seed_everything(seed):
@@ -1162,9 +1162,9 @@ class Run:
         steps = [h for h in self.history if "step_time_s" in h]
         last = steps[-max(1, len(steps) // 10):]
         key = "sampled_accuracy" if "sampled_accuracy" in last[-1] else "accuracy"  # DAPO: over all it generated
+        over = "the last step" if len(last) == 1 else f"the last {len(last)} steps"
         print(f"eval accuracy (greedy): base {self.history[0]['eval_accuracy']:.3f} -> final "
-              f"{self.last_eval():.3f}; sampled accuracy over the last {len(last)} steps "
-              f"{sum(h[key] for h in last) / len(last):.3f}")
+              f"{self.last_eval():.3f}; sampled accuracy over {over} {sum(h[key] for h in last) / len(last):.3f}")
         phases = ", ".join(f"{k[5:-2]} {sum(h[k] for h in steps) / len(steps):.3f}"
                            for k in steps[0] if k.startswith("time_"))
         print(f"time per step: {sum(h['step_time_s'] for h in steps) / len(steps):.3f} s ({phases}); "

@@ -21,7 +21,7 @@ time; with all four off this is GRPO without KL.
    loss_type="grpo" and in verl 0.9.1's seq-mean-token-mean, which divides by the minibatch's row count.
 
 Run it
-    python dapo.py                          # toy MoE learns two-digit addition, 2 CPU cores
+    python dapo.py                          # toy MoE learns two-digit addition on one CPU thread
     python dapo.py --task progression       # answers of 3-24 tokens: where the length techniques act
     python dapo.py --task progression --no-overlong-shaping     # ...and one taken out
     python dapo.py --help                   # every flag

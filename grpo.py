@@ -10,7 +10,7 @@ per token, as in PPO.
     KL_it = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1                   (k3 estimator, >= 0)
 
 Run it
-    python grpo.py                     # toy MoE learns two-digit addition, 2 CPU cores
+    python grpo.py                     # toy MoE learns two-digit addition on one CPU thread
     python grpo.py --routing-replay    # replay the old policy's experts in the update (MoE models)
     python grpo.py --help              # every flag
     python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\

@@ -17,7 +17,7 @@ GRPO then needs Routing Replay. s_i averages over the whole completion, so GSPO 
 The clip range is tiny because s_i is a per-token geometric mean, so it moves little.
 
 Run it
-    python gspo.py                     # toy MoE learns two-digit addition, 2 CPU cores
+    python gspo.py                     # toy MoE learns two-digit addition on one CPU thread
     python gspo.py --token-level       # GSPO-token (the same gradient here: advantages are per sequence)
     python gspo.py --help              # every flag
     python gspo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\

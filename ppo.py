@@ -11,7 +11,7 @@ rewards into per-token advantages.
     value loss  = 0.5 (1 / sum mask) sum_it max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)
 
 Run it
-    python ppo.py                     # toy MoE learns two-digit addition, 2 CPU cores
+    python ppo.py                     # toy MoE learns two-digit addition on one CPU thread
     python ppo.py --help              # every flag
     python ppo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 --prompts-per-step 64 \\
         --lr 1e-6 --critic-lr 1e-5 --gradient-checkpointing   # a policy, a critic and a reference: 40 GB

@@ -156,7 +156,9 @@ RULE = ("**Verdicts.** A claim's verdict is one of four outcomes. *Holds here* /
         "arms has its standard error over seeds, from each arm's per-seed values (a held-out final, which already "
         "carries its evaluation's noise, or a quantity measured in training): `sqrt(s_A^2 / k_A + s_B^2 / k_B)` for "
         "k_A and k_B seeds of standard deviations s_A and s_B (against a fixed value, such as the base's greedy "
-        "accuracy, `s_A / sqrt(k_A)`). t is Student's t, two-sided 95% (its 0.975 quantile), at Welch's degrees of "
+        "accuracy, `s_A / sqrt(k_A)`; two quantities of the same runs, such as a critic's explained variance over the "
+        "first and the last quarter of each completion, are paired: A is their per-seed differences, against 0). t is "
+        "Student's t, two-sided 95% (its 0.975 quantile), at Welch's degrees of "
         "freedom, `(s_A^2 / k_A + s_B^2 / k_B)^2 / ((s_A^2 / k_A)^2 / (k_A - 1) + (s_B^2 / k_B)^2 / (k_B - 1))` (k_A "
         "- 1 against a fixed value): 12.71 at 1 degree of freedom, 4.30 at 2, 2.78 at 4, 2.31 at 8, so with 2 seeds "
         "an arm t is 4.3 or more, with 3 2.8 or more, with 5 2.3 or more. Fewer than 2 seeds an arm: no verdict, "
@@ -174,15 +176,18 @@ Difference = collections.namedtuple("Difference", "value error df evaluation pai
 
 @functools.lru_cache
 def t_quantile(df, p=0.975):
-    """Student's t at `df` degrees of freedom (real, >= 1): the x with P(T <= x) = p, by bisection on its CDF, the
-    density (from math.lgamma) integrated from 0 by Simpson's rule."""
+    """Student's t at `df` degrees of freedom (real, >= 1): the x with P(T <= x) = p (0.5 <= p < 1), by bisection on
+    its CDF, the density (from math.lgamma) integrated from 0 by Simpson's rule in steps of 0.1 or less."""
     log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     density = lambda x: math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df))
 
-    def cdf(x, n=1000):
+    def cdf(x):
+        n = 2 * max(500, math.ceil(5 * x))
         h = x / n
         return 0.5 + h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * density(i * h) for i in range(n + 1))
     low, high = 0.0, 100.0                                  # t_0.975 is 12.71 at 1 degree of freedom, less above
+    while cdf(high) < p:                                    # a higher quantile: widen the bracket until it holds it
+        low, high = high, 2 * high
     for _ in range(40):
         middle = (low + high) / 2
         low, high = (middle, high) if cdf(middle) < p else (low, middle)

@@ -865,7 +865,7 @@ def long_verdicts(runs, n):
         q1, q4 = values(ppo, "ev_q1"), values(ppo, "ev_q4")
         if len(ppo) > 1 and not any(map(math.isnan, q1 + q4)):
             knows = bench.verdict(bench.seeds_difference(q1)) == "holds here"   # the first quarter's above 0
-            ev = bench.seeds_difference(q1, q4)
+            ev = bench.seeds_difference([x - y for x, y in zip(q1, q4)])   # the same runs: paired (bench.RULE)
             a.append((model, bench.verdict(ev, knows), f"at {longest} tokens, first / last quarter {mean_std(q1)} / "
                       f"{mean_std(q4)}: {text(ev)}"))
         ends = [(seeds(model, t, "ppo"), seeds(model, t, "grpo")) for t in (short, longest)]

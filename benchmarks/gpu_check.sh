@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_check.sh smoke [DIR]  # here: the same script on this CPU at a tiny shape (about a minute)
 #
 # Nothing is left on the machine for a later run to need. The real model's greedy answers (part 4) run only where its
-# GGUF file already is (GGUF=path): at 93 MB it does not travel with the rest.
+# GGUF file already is (GGUF=path): at 98 MB it does not travel with the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GPU=benchmarks/runs/gpu

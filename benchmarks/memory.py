@@ -168,9 +168,7 @@ def measure(name, layers, experts, device, lora=False):
     """Parts (a), (b), (c) of one step, in bytes, on the model `name` cut to `layers` layers (and `experts`). With
     `lora`, as `--lora-r 16` on CUDA: the base frozen in bf16, peft's fp32 adapters, the only parameters trained."""
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM  # noqa: F401 (imported
-    if device == "cpu":                  # before part a); CUDA's setting: bf16 autocast over fp32 master weights
-        common.autocast = lambda model: torch.autocast("cpu", dtype=torch.bfloat16)
-    if lora:
+    if lora:                                                                                 # before part a)
         import peft  # noqa: F401 (imported before part a)
     torch.manual_seed(0)
     base = memory_now(device)
@@ -182,6 +180,7 @@ def measure(name, layers, experts, device, lora=False):
         lora_args = argparse.Namespace(lora_r=LORA_R, lora_alpha=LORA_ALPHA)
         model = hf_models.add_lora(model, hf_models.lora_config(lora_args), 0)
     model = common.training_mode(model, False)
+    model.bf16 = True           # CUDA's setting on either device (--dtype bf16): bf16 autocast over fp32 master weights
     trained = common.trainable(model)
     # AdamW's moments appear at its first step: a step on zero gradients allocates what a real one does.
     optimizer = torch.optim.AdamW(trained, lr=1e-6, weight_decay=0.0, fused=True)   # as grpo.py
@@ -192,7 +191,7 @@ def measure(name, layers, experts, device, lora=False):
     # (b) and (c) are measured above the level before them, and AdamW's moments take no part in them: freed,
     # so that the largest models here fit 24 GB of RAM. The gradients stay (see below).
     del optimizer
-    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):  # the KV cache's dtypes
+    with torch.no_grad(), common.autocast(model):                    # the KV cache's dtypes, as sampling's
         cache = model(input_ids=torch.ones(1, 2, dtype=torch.long, device=device), use_cache=True).past_key_values
     out["kv_bytes"] = cache.layers[0].keys.element_size() + cache.layers[0].values.element_size()
     rollout = random_rollout(COMPLETIONS, device)
@@ -477,9 +476,9 @@ def check_lines(points, depth, params, critic_params, head_copies, kv):
 NOTES = """\
 All figures in GiB (2^30 bytes). **Nothing here ran on a GPU; the CUDA figures were not measured** (`--device cuda`
 measures them). Every model was built from its config with random weights, its passes run under
-`torch.autocast("cpu", dtype=torch.bfloat16)` (this benchmark replaces `common.autocast`, fp32 on CPU, to copy the
-CUDA setting). Sequences: prompts of 150 tokens (assumed) + 512 completion tokens, every completion at the limit, no
-padding.
+`torch.autocast("cpu", dtype=torch.bfloat16)` (this benchmark sets the model's `bf16`, as `--dtype bf16` does, to
+copy the CUDA setting). Sequences: prompts of 150 tokens (assumed) + 512 completion tokens, every completion at the
+limit, no padding.
 
 **The extrapolation.** Each part was measured with 1 and 2 layers and taken to full depth L along the line through
 them: part(L) = part(1 layer) + (L − 1) × (part(2 layers) − part(1 layer)). Layer counts, from the models' configs:

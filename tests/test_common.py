@@ -1,8 +1,15 @@
 """common.py: sampling, log-probs, padding, rewards and ratio metrics, on the toy model and on tiny Hugging Face
 models built locally."""
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_NO_STEPS
 
 import common
 import grpo
@@ -10,6 +17,8 @@ import gspo
 import ppo
 from extras import hf_models, rewards
 from moe_model import MoEConfig, MoETransformer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def toy():
@@ -308,33 +317,62 @@ def test_threads_follow_the_model_and_the_user_s_choice_wins(monkeypatch):
         common.check_common_args(args)
         assert torch.get_num_threads() == args.threads                  # and torch uses them
         return args.threads
-    monkeypatch.setitem(common.THREADS, "torch", 4)                     # torch's own default: every core, say 4
+    monkeypatch.setattr(common, "TORCH_THREADS", 4)                     # torch's own default: every core, say 4
     monkeypatch.delenv("OMP_NUM_THREADS")
     try:
         assert threads() == 1                                           # the toy: one
         assert threads("--model", "m", "--data", "d") == 4              # a real model: torch's default
         assert threads("--threads", "3") == 3                           # the flag wins over both
+        torch.set_num_threads(2)        # by a program that calls main(): --threads is how it chooses, not this
+        assert threads() == 1 and threads("--model", "m", "--data", "d") == 4
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert threads() == 2 and threads("--model", "m", "--data", "d") == 2 and threads("--threads", "1") == 1
-        torch.set_num_threads(3)                                        # a program that calls main() set them
-        assert threads() == 3 and threads("--threads", "1") == 1
     finally:
         torch.set_num_threads(1)
-        common.THREADS["set"] = 1
 
 
-@pytest.mark.parametrize("device, model, native, dtype, bf16", [
-    ("cpu", None, True, "auto", False),          # the toy stays fp32
-    ("cpu", "m", True, "auto", True),            # a real model on a CPU with native bf16
-    ("cpu", "m", False, "auto", False),          # emulated bf16 is slower than fp32
-    ("cpu", "m", True, "fp32", False),
-    ("cpu", None, False, "bf16", True),          # asked for: given
-    ("cuda", None, False, "auto", True),         # as before on CUDA, the toy too
+@pytest.mark.parametrize("device, model, native, kernels, dtype, bf16", [
+    ("cpu", None, True, "AVX512", "auto", False),          # the toy stays fp32
+    ("cpu", "m", True, "AVX512", "auto", True),            # a real model on a CPU with native bf16
+    ("cpu", "m", False, "AVX512", "auto", False),          # emulated bf16 is slower than fp32
+    ("cpu", "m", True, "AVX2", "auto", False),             # the chip has it, the kernels in use do not
+    ("cpu", "m", True, "DEFAULT", "auto", False),
+    ("cpu", "m", True, "AVX512", "fp32", False),
+    ("cpu", None, False, "DEFAULT", "bf16", True),         # asked for: given
+    ("cuda", None, False, "AVX2", "auto", True),           # as before on CUDA, the toy too
 ])
-def test_bf16_where_the_hardware_computes_it(device, model, native, dtype, bf16, monkeypatch):
+def test_bf16_where_the_hardware_computes_it(device, model, native, kernels, dtype, bf16, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: kernels)
     assert common.uses_bf16(grpo.Args(model=model, dtype=dtype), torch.device(device)) == bf16
+
+
+@pytest.mark.parametrize("kernels", ["avx2", "default"])
+def test_torch_s_avx2_or_plain_kernels_keep_a_real_model_in_fp32(kernels):
+    # The kernels torch runs are chosen as it starts: a process of its own, whatever this CPU has.
+    code = ("import torch, common, grpo; "
+            "print(common.uses_bf16(grpo.Args(model='m', dtype='auto'), torch.device('cpu')))")
+    env = os.environ | {"ATEN_CPU_CAPABILITY": kernels}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "False\n", done.stderr
+
+
+@pytest.mark.parametrize("device, chosen, bf16", [
+    ("cuda", None, True),               # built without make_policy (a benchmark's model): CUDA's bf16, as --dtype auto
+    ("cpu", None, False),               # and fp32 on a CPU, as the toy's --dtype auto
+    ("cuda", False, False),             # --dtype fp32
+    ("cpu", True, True),                # --dtype bf16, or auto with --model on a CPU with native bf16
+])
+def test_autocast_follows_the_run_s_choice_else_bf16_on_cuda_only(device, chosen, bf16, monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch, "autocast", lambda device_type, dtype, enabled: asked.append((device_type, enabled)))
+    model = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(model, "parameters", lambda: iter([types.SimpleNamespace(device=torch.device(device))]))
+    if chosen is not None:
+        model.bf16 = chosen
+    common.autocast(model)
+    assert asked == [(device, bf16)]
 
 
 def test_bf16_autocast_computes_the_trunk_in_bf16_and_the_log_probs_in_fp32(hf_dense):
@@ -351,6 +389,31 @@ def test_bf16_autocast_computes_the_trunk_in_bf16_and_the_log_probs_in_fp32(hf_d
     assert seen == [torch.bfloat16] and bf16.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
     m = rollout.mask.bool()
     assert 0 < (bf16 - fp32)[m].abs().max() < 0.1                       # bf16's rounding, nothing more
+
+
+def test_the_routing_recorded_on_columns_cut_is_never_read(hf_moe):
+    # Recorded in two chunks, the first without the long prompt (so cut to fewer columns), then replayed on the whole
+    # batch, which needs them all: whatever the cut columns hold, the same log-probs and routing metrics.
+    model, tokenizer = hf_models.load_hf(str(hf_moe), torch.device("cpu"))
+    world = common.World([], [], None, None, (tokenizer.eos_token_id,), tokenizer.pad_token_id, 12)
+    texts = ["1+2?", "9-3?", "what is 12+34? ok ok ok", "7*8="]
+    torch.manual_seed(0)
+    rollout = common.generate(model, world, [torch.tensor(tokenizer(t)["input_ids"]) for t in texts], 2, 1.0)
+    old_logp, _, recorded = common.fixed_logprobs(model, world, rollout, 1.0, chunks=2)
+    other = recorded.clone()
+    for rows in common.minibatches(len(rollout.mask), 2):
+        _, start, end = common.needed_columns(rollout[rows])
+        cut = torch.ones(other.shape[2], dtype=torch.bool)
+        cut[start:end - 1] = False
+        other[:, rows[:, None], cut] = torch.tensor([3, 1])               # other experts than the padding's 0
+    assert (other != recorded).sum() > 0 and common.needed_columns(rollout)[1] == 0
+    (logp, _, routing, _), (logp_other, _, routing_other, _) = (
+        common.logprobs(model, world, rollout, 1.0, routing=r) for r in (recorded, other))
+    assert torch.allclose(logp, logp_other, atol=1e-6) and torch.allclose(logp, old_logp, atol=1e-5)
+    metrics = common.ratio_metrics(logp, old_logp, rollout.mask, routing, recorded, None)
+    assert metrics == pytest.approx(common.ratio_metrics(logp, old_logp, rollout.mask, routing, other, None),
+                                    rel=0, abs=0, nan_ok=True)
+    assert metrics["routing_drift"] == 0                                   # replayed: the recorded experts
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
@@ -384,3 +447,9 @@ def test_a_minibatch_cut_to_its_columns_gives_the_same_log_probs_and_routing(kin
                                                                every[2][:, :, start:end - 1])
         replayed = common.logprobs(model, world, rollout[rows], 1.0, routing=every[2])   # Routing Replay, cut too
         assert torch.allclose(replayed[0], mine[0], atol=1e-5) and torch.equal(replayed[2], mine[2])
+
+
+@pytest.mark.parametrize("steps, over", [(1, "the last step"), (20, "the last 2 steps")])    # the last tenth
+def test_a_run_s_summary_names_the_steps_its_sampled_accuracy_is_over(steps, over, tmp_path, capsys):
+    grpo.main(TINY_NO_STEPS + ["--steps", str(steps), "--eval-every", "0", "--save-every", "0", "--out", str(tmp_path)])
+    assert f"; sampled accuracy over {over} " in capsys.readouterr().out

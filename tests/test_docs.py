@@ -8,17 +8,20 @@ from pathlib import Path
 import pytest
 from conftest import TINIER, read_metrics, run
 
+import cispo
 import dapo
 import grpo
 import gspo
 import ppo
+import sapo
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "docs" / "models.md"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Tiny toy runs that between them log every key: each script, and grpo with a KL reference (kl_ref) and Routing
 # Replay (the MoE keys are logged with or without it).
-RUNS = {"grpo": (grpo, []), "gspo": (gspo, []), "dapo": (dapo, []), "ppo": (ppo, []),
+RUNS = {"grpo": (grpo, []), "gspo": (gspo, []), "dapo": (dapo, []), "ppo": (ppo, []), "cispo": (cispo, []),
+        "sapo": (sapo, []),
         "grpo --routing-replay --beta 0.04": (grpo, ["--routing-replay", "--beta", "0.04"])}
 
 

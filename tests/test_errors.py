@@ -57,12 +57,17 @@ def test_model_folder_that_does_not_exist(tmp_path, jsonl, capsys):
     assert code == 2 and "no such folder" in err
 
 
-@pytest.mark.parametrize("reach, message", [
-    (lambda *a, **k: (_ for _ in ()).throw(OSError(-2, "Name or service not known")),
-     "--model org/model: not in the Hugging Face cache, and the Hub cannot be reached (huggingface.co: Name or service "
-     "not known)"),
-    (None, "--model mymodel: no such folder (and not a Hub id: those look like org/name)")])
-def test_a_model_name_that_is_no_folder_and_a_hub_out_of_reach_are_one_line_at_once(reach, message, jsonl, capsys,
+UNREACHABLE = lambda *a, **k: (_ for _ in ()).throw(OSError(-2, "Name or service not known"))   # noqa: E731
+
+
+@pytest.mark.parametrize("name, reach, message", [
+    ("org/model", UNREACHABLE, "--model org/model: no such folder, not in the Hugging Face cache, and the Hub cannot "
+                               "be reached (huggingface.co: Name or service not known)"),
+    ("gpt2", UNREACHABLE, "--model gpt2: no such folder, not in the Hugging Face cache, and the Hub cannot be reached "
+                          "(huggingface.co: Name or service not known)"),                # an older id, without an org
+    ("runs/grpo/model", None, "--model runs/grpo/model: no such folder (and not a Hub id: those look like org/name, "
+                              "or gpt2)")])
+def test_a_model_name_that_is_no_folder_and_a_hub_out_of_reach_are_one_line_at_once(name, reach, message, jsonl, capsys,
                                                                                         monkeypatch, tmp_path):
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -71,8 +76,28 @@ def test_a_model_name_that_is_no_folder_and_a_hub_out_of_reach_are_one_line_at_o
     monkeypatch.setattr(hf_models.urllib.request, "getproxies", dict)   # no proxy in between
     monkeypatch.chdir(tmp_path)
     start = time.perf_counter()
-    code, err = run(grpo, ["--model", "org/model" if reach else "mymodel", "--data", str(jsonl)], capsys)
+    code, err = run(grpo, ["--model", name, "--data", str(jsonl)], capsys)
     assert code == 2 and err == f"error: {message}\n" and time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("proxies, probed", [
+    ({}, True),
+    ({"NO_PROXY": "localhost"}, True),                                   # NO_PROXY alone sets no proxy
+    ({"HTTPS_PROXY": "http://proxy:3128"}, False),                       # huggingface_hub finds out through it
+    ({"ALL_PROXY": "http://proxy:3128"}, False),
+    ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "localhost,huggingface.co"}, True),    # bypassed
+    ({"HTTP_PROXY": "http://proxy:3128"}, True)])                        # not for the Hub's https
+def test_the_hub_is_probed_unless_a_proxy_stands_between(proxies, probed, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    for key in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "REQUEST_METHOD"):
+        monkeypatch.delenv(key, raising=False)
+        monkeypatch.delenv(key.lower(), raising=False)
+    for key, value in proxies.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(hf_models.socket, "create_connection", UNREACHABLE)
+    assert hf_models.hub_unreachable() == ("huggingface.co: Name or service not known" if probed else None)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -109,6 +134,25 @@ def test_a_copy_of_a_script_for_the_toy_names_the_file_a_flag_needs(tmp_path):
     out = subprocess.run([sys.executable, "grpo.py", "--print-verl"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert out.returncode == 2 and out.stderr.startswith("error: --print-verl needs extras/graduate.py beside common.py")
+
+
+def test_a_copy_with_graduate_py_prints_both_frameworks_without_the_real_model_files(tmp_path):
+    # README's copy list: grpo.py, common.py, moe_model.py, extras/__init__.py and graduate.py. --print-verl and
+    # --print-trl need nothing more, with --model and --data too; --export-verl-data reads --data, so it names the
+    # file that does, in one line.
+    for name in ("grpo.py", "common.py", "moe_model.py", "extras/__init__.py", "extras/graduate.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    env = dict(os.environ, PYTHONPATH="")
+    for flags, printed in [(["--print-verl"], "python3 -m verl.trainer.main_ppo"),
+                           (["--model", "m", "--data", "data.jsonl", "--print-trl"], "config = GRPOConfig(")]:
+        out = subprocess.run([sys.executable, "grpo.py", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert (out.returncode, out.stderr) == (0, "") and printed in out.stdout, flags
+    out = subprocess.run([sys.executable, "grpo.py", "--model", "m", "--data", "data.jsonl", "--export-verl-data", "v"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (2, "error: --export-verl-data needs extras/hf_models.py beside common.py "
+                                               "(extras/__init__.py lists what each file of extras/ is for); copy it "
+                                               "from the project\n")
 
 
 def test_too_few_rows_to_hold_out_are_evaluated_as_training_prompts(tmp_path, hf_dense, capsys):
@@ -199,6 +243,11 @@ def test_prompt_longer_than_the_context(tmp_path, hf_dense, capsys):
     ("ppo", ["--critic-lr", "0"], "--critic-lr must be positive"),
     ("ppo", ["--lam", "1.5"], "--gamma and --lam must be in [0, 1]"),
     ("ppo", ["--group-size", "0"], "--group-size must be positive"),
+    ("cispo", ["--ratio-cap", "1"], "--ratio-cap must be above 1 (an on-policy weight is 1), got 1.0"),
+    ("cispo", ["--clip-eps-low", "1"], "--clip-eps-low must be between 0 and 1, got 1.0"),
+    ("cispo", ["--clip-eps"], "error: unknown flag --clip-eps (did you mean --clip-eps-low?)\n"),
+    ("sapo", ["--tau-neg", "0"], "--tau-pos and --tau-neg must be positive, got 1.0 and 0.0"),
+    ("sapo", ["--beta", "-1"], "--beta must be 0 or positive"),
 ])
 def test_bad_flags_of_the_other_scripts(script, argv, message, capsys):
     code, err = run(importlib.import_module(script), argv, capsys)

@@ -7,28 +7,36 @@ import torch
 from conftest import TINIER, moe_configs, run
 from safetensors import safe_open
 
+import cispo
 import common
 import grpo
 import moe_model
 import ppo
+import sapo
 from extras import hf_routing
 
 LENGTH_REWARD = "def length(completion, answer, finished):\n    return float(len(completion))\n"
+# 1, 2, 3, ... in the order completions are scored: no two in a group are equal, so every advantage is nonzero
+# whatever the samples (a 2-step toy run can sample no correct answer at all, and then GRPO has nothing to learn).
+COUNTER_REWARD = "calls = 0\ndef counter(completion, answer, finished):\n    global calls\n    calls += 1\n" \
+                 "    return float(calls)\n"
 
 
-@pytest.mark.parametrize("script", [grpo, ppo])
+@pytest.mark.parametrize("script", [grpo, ppo, cispo, sapo])
 def test_a_toy_run_exports_its_final_policy(script, tmp_path):
-    assert run(script, TINIER + ["--out", str(tmp_path)])[0] == 0
-    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    model = moe_model.load(tmp_path / "model")
-    assert sorted(f.name for f in (tmp_path / "model").iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    (tmp_path / "counter.py").write_text(COUNTER_REWARD)
+    out = tmp_path / "run"
+    assert run(script, TINIER + ["--out", str(out), "--reward", f"{tmp_path / 'counter.py'}:counter"])[0] == 0
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    model = moe_model.load(out / "model")
+    assert sorted(f.name for f in (out / "model").iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
     assert model.cfg == common.toy_model_config(script.Args(), common.toy_world("add", 8, None))
     final = model.state_dict()
     assert final.keys() == checkpoint["policy"].keys()
     assert all(torch.equal(v, checkpoint["policy"][k]) for k, v in final.items())    # ppo.py: not the critic
     base, _ = common.make_policy(script.Args(), torch.device("cpu"))
     assert not all(torch.equal(v, final[k]) for k, v in base.state_dict().items())    # trained, not the base
-    assert json.loads((tmp_path / "model" / "vocab.json").read_text()) == common.TOY_VOCAB
+    assert json.loads((out / "model" / "vocab.json").read_text()) == common.TOY_VOCAB
 
 
 def train_hf(source, data, tmp_path, *extra):

@@ -16,11 +16,13 @@ import pytest
 import torch
 import yaml
 
+import cispo
 import common
 import dapo
 import grpo
 import gspo
 import ppo
+import sapo
 from extras import graduate, hf_models
 
 # The mapping table lives in docs/models.md, which README.md links to; the messages below call it README's table.
@@ -197,7 +199,9 @@ SETTINGS = [(grpo, []), (grpo, ["--beta", "0.04", "--clip-eps", "0.1", "--routin
             (gspo, []), (gspo, ["--token-level", "--group-size", "4", "--minibatches", "2"]),
             (dapo, []), (dapo, ["--no-clip-higher", "--no-token-level-loss", "--no-dynamic-sampling",
                                 "--overlong-filtering", "--overlong-buffer", "64"]),
-            (ppo, []), (ppo, ["--lora-r", "8", "--epochs", "3"])]
+            (ppo, []), (ppo, ["--lora-r", "8", "--epochs", "3"]),
+            (cispo, []), (cispo, ["--ratio-cap", "1.2", "--clip-eps-low", "0.2", "--beta", "0.04"]),
+            (sapo, []), (sapo, ["--tau-pos", "1.5", "--tau-neg", "2.0", "--beta", "0.04", "--routing-replay"])]
 
 
 def printed(script, flags, capsys, what="--print-verl"):
@@ -247,13 +251,18 @@ def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_
     assert config.algorithm.adv_estimator == ("gae" if script is ppo else "grpo")
     if script in (grpo, ppo):
         low = high = args.clip_eps
+    elif script is cispo:  # verl clamps the weight to [1 - low, 1 + high]: low 1 is no floor
+        low, high = 1.0 if args.clip_eps_low is None else args.clip_eps_low, pytest.approx(args.ratio_cap - 1)
+    elif script is sapo:   # no clip: verl's defaults, unread by its SAPO loss
+        low = high = 0.2
+        assert (actor.tau_pos, actor.tau_neg) == (args.tau_pos, args.tau_neg)
     else:
         low, high = args.clip_eps_low, args.clip_eps_high if script is gspo or args.clip_higher else args.clip_eps_low
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (low, high)
-    token_mean = script is ppo or script is dapo and args.token_level_loss
+    token_mean = script in (ppo, cispo) or script is dapo and args.token_level_loss
     assert actor.loss_agg_mode == ("token-mean" if token_mean else "seq-mean-token-mean")
-    assert actor.policy_loss.loss_mode == ("gspo" if script is gspo else "vanilla")
-    assert actor.use_kl_loss == (script is grpo and args.beta > 0)
+    assert actor.policy_loss.loss_mode == {gspo: "gspo", cispo: "cispo", sapo: "sapo"}.get(script, "vanilla")
+    assert actor.use_kl_loss == (script in (grpo, cispo, sapo) and args.beta > 0)
     assert config.actor_rollout_ref.model.lora_rank == args.lora_r
     assert config.reward.custom_reward_function.name == "verl_reward"
     if script is dapo:
@@ -296,6 +305,10 @@ def test_a_changed_flag_changes_the_printed_value(capsys):
     assert "actor_rollout_ref.actor.clip_ratio_high=0.3" in overrides(printed(dapo, ["--clip-eps-high", "0.3"], capsys))
     assert "num_generations=4," in printed(gspo, ["--group-size", "4"], capsys, "--print-trl")
     assert "epsilon_high=0.3," in printed(dapo, ["--clip-eps-high", "0.3"], capsys, "--print-trl")
+    assert "actor_rollout_ref.actor.clip_ratio_high=2.0" in overrides(printed(cispo, ["--ratio-cap", "3"], capsys))
+    assert "epsilon_high=3.0," in printed(cispo, ["--ratio-cap", "3"], capsys, "--print-trl")
+    assert "actor_rollout_ref.actor.tau_neg=2.5" in overrides(printed(sapo, ["--tau-neg", "2.5"], capsys))
+    assert "sapo_temperature_neg=2.5," in printed(sapo, ["--tau-neg", "2.5"], capsys, "--print-trl")
 
 
 def test_what_verl_lacks_is_a_comment_never_a_key(capsys):
@@ -303,6 +316,8 @@ def test_what_verl_lacks_is_a_comment_never_a_key(capsys):
     assert "# --routing-replay: verl replays experts only in its Megatron and VeOmni engines" in text
     assert not any("router_replay" in key for key in overrides(text))
     assert "# --overlong-filtering" in printed(dapo, ["--overlong-filtering"], capsys)
+    assert "# --clip-eps-low: TRL's cispo caps the weight from above only" in \
+        printed(cispo, ["--clip-eps-low", "0.2"], capsys, "--print-trl")
     assert printed(ppo, [], capsys, "--print-trl").strip() == \
         "# TRL 1.16 has no PPO trainer (removed in 1.0); verl has one: python ppo.py ... --print-verl"
 
@@ -319,13 +334,21 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
         config = eval(config_call(code), {"GRPOConfig": GRPOConfig, "gpu": torch.cuda.is_available()})
     assert not caught, [f"{w.category.__name__}: {w.message}" for w in caught]
     assert config.activation_checkpointing == config.gradient_checkpointing == args.gradient_checkpointing
-    eps_low = args.clip_eps if script is grpo else args.clip_eps_low
-    eps_high = (args.clip_eps if script is grpo else args.clip_eps_high if script is gspo or args.clip_higher
-                else args.clip_eps_low)
+    if script is cispo:    # epsilon_high is the cap itself; epsilon, unread, stays TRL's
+        eps_low, eps_high = 0.2, args.ratio_cap
+    elif script is sapo:   # no clip: TRL's defaults, unread by its SAPO loss
+        eps_low, eps_high = 0.2, None
+        assert (config.sapo_temperature_pos, config.sapo_temperature_neg) == (args.tau_pos, args.tau_neg)
+    else:
+        eps_low = args.clip_eps if script is grpo else args.clip_eps_low
+        eps_high = (args.clip_eps if script is grpo else args.clip_eps_high if script is gspo or args.clip_higher
+                    else args.clip_eps_low)
     assert config.num_generations == args.group_size and config.epsilon == eps_low
     assert config.epsilon_high == eps_high
-    assert config.beta == (args.beta if script is grpo else 0.0)
-    assert config.loss_type == ("bnpo" if script is dapo and args.token_level_loss else "grpo")
+    assert config.beta == (args.beta if script in (grpo, cispo, sapo) else 0.0)
+    assert config.use_bias_correction_kl == (config.beta == 0)         # the scripts' KL: k3, not weighted by r
+    assert config.loss_type == ("bnpo" if script is dapo and args.token_level_loss else
+                                script.__name__ if script in (cispo, sapo) else "grpo")
     assert config.lr_scheduler_type == "constant" and config.weight_decay == 0.0
     assert config.importance_sampling_level == ("sequence" if script is gspo else "token")
     assert config.generation_batch_size == args.prompts_per_step * args.group_size
@@ -344,7 +367,10 @@ def test_the_printed_trl_program_trains_in_bf16_on_a_gpu_and_in_fp32_on_the_cpu(
         assert (kwargs["bf16"], kwargs["use_cpu"]) == (gpu, not gpu), f"gpu={gpu}"
 
 
-@pytest.mark.parametrize("script, fixture, chat", [(grpo, "hf_dense", False), (dapo, "hf_chat", True)])
+@pytest.mark.parametrize("script, fixture, chat", [
+    (grpo, "hf_dense", False), (dapo, "hf_chat", True),
+    pytest.param(cispo, "hf_dense", False, marks=pytest.mark.slow), pytest.param(sapo, "hf_chat", True,
+                                                                                  marks=pytest.mark.slow)])
 def test_the_printed_trl_program_trains_as_printed_on_the_cpu(script, fixture, chat, request, jsonl, tmp_path,
                                                               capsys):
     # The printed program, run unchanged in a process of its own, offline, on the CPU, on a tiny model without and

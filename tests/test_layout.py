@@ -1,4 +1,5 @@
 """The shape the design promises: each loss function copies alone, and a toy run never imports a side module."""
+import difflib
 import inspect
 import json
 import os
@@ -11,10 +12,12 @@ import pytest
 import torch
 from conftest import TINIER
 
+import cispo
 import dapo
 import grpo
 import gspo
 import ppo
+import sapo
 from extras import hf_models, rewards
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +37,11 @@ def random_batch(per_token_advantages, seed=0):
 CASES = [(grpo.policy_loss, {}), (grpo.policy_loss, {"ref_logp": "ref", "beta": 0.04}),
          (gspo.policy_loss, {}), (gspo.policy_loss, {"clip_eps_low": 0.05, "clip_eps_high": 0.05}),
          (gspo.policy_loss_token, {"per_token": True}), (dapo.policy_loss, {}),
-         (dapo.policy_loss, {"token_level": False}), (ppo.policy_loss, {"per_token": True})]
+         (dapo.policy_loss, {"token_level": False}), (ppo.policy_loss, {"per_token": True}),
+         (cispo.policy_loss, {"ratio_cap": 1.2}),
+         (cispo.policy_loss, {"ratio_cap": 1.2, "clip_eps_low": 0.2, "ref_logp": "ref", "beta": 0.04}),
+         (sapo.policy_loss, {"tau_pos": 4.0, "tau_neg": 5.0}),
+         (sapo.policy_loss, {"tau_neg": 3.0, "ref_logp": "ref", "beta": 0.04})]
 
 
 @pytest.mark.parametrize("loss_fn, kwargs", CASES, ids=[f"{f.__module__}.{f.__name__}{kw}" for f, kw in CASES])
@@ -71,6 +78,26 @@ def test_ppo_value_loss_copied_alone_with_only_torch_gives_the_script_s_result()
         results.append((loss, x.grad))
     (loss, grad), (copied_loss, copied_grad) = results
     assert torch.equal(loss, copied_loss) and torch.equal(grad, copied_grad) and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name, banner", [("cispo.py", "    # CISPO"), ("sapo.py", "    # SAPO")])
+def test_cispo_and_sapo_are_grpo_py_with_their_own_loss_alone(name, banner):
+    # After the docstring, `diff grpo.py cispo.py` shows the loss's flags, policy_loss, the flags' checks and the
+    # call, nothing else; at most 85 changed lines, the script at most 300.
+    text = (ROOT / name).read_text()
+    assert len(text.splitlines()) <= 300
+    grpo_code = (ROOT / "grpo.py").read_text().split('"""', 2)[2].splitlines()
+    code = text.split('"""', 2)[2].splitlines()
+    at = lambda start, line=0: next(i for i, x in enumerate(code) if i >= line and x.startswith(start))
+    regions = [(at(banner), at("def compute_advantages")), (at("def policy_loss"), at("def train")),
+               (at("    common.check_common_args") + 1, at("    device = ")),
+               (at("            loss, metrics = policy_loss("), at("            metrics |= common.by_quarter"))]
+    changed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, grpo_code, code, autojunk=False).get_opcodes():
+        if tag != "equal":
+            assert any(start <= j1 and j2 <= end for start, end in regions), code[j1:j2] or grpo_code[i1:i2]
+            changed += (i2 - i1) + (j2 - j1)
+    assert 0 < changed <= 85, changed
 
 
 def test_a_default_toy_run_imports_no_side_module_and_no_transformers(tmp_path):

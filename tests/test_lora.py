@@ -9,11 +9,13 @@ import pytest
 import torch
 from conftest import TINIER, read_metrics, run
 
+import cispo
 import common
 import dapo
 import grpo
 import gspo
 import ppo
+import sapo
 from extras import hf_models, hf_routing
 
 # Without peft only the refusals run.
@@ -160,7 +162,7 @@ def test_the_adapters_are_fp32_on_a_bf16_base(tiny_moe):
 
 
 @needs_peft
-@pytest.mark.parametrize("script", [grpo, gspo, dapo, ppo])
+@pytest.mark.parametrize("script", [grpo, gspo, dapo, ppo, cispo, sapo])
 def test_every_script_trains_lora_adapters_end_to_end(script, hf_dense, jsonl, tmp_path):
     code, _ = run(script, lora_argv(hf_dense, jsonl, tmp_path, "--out", str(tmp_path / "run")))
     assert code == 0

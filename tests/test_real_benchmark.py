@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench  # noqa: E402
@@ -69,6 +70,11 @@ def test_t_is_student_s_at_the_two_sided_95_percent_level_and_2_3_5_seeds_an_arm
     for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (8, 2.306)):
         assert bench.t_quantile(df) == pytest.approx(t, abs=5e-4)
     assert bench.t_quantile(3) == pytest.approx(3.182, abs=5e-4) and 2.776 < bench.t_quantile(3.5) < 3.182
+    # Beyond the first bracket [0, 100]: at 1 degree of freedom (Cauchy's) the quantile is tan(pi (p - 1/2)), at 2
+    # (2p - 1) / sqrt(2p (1 - p)).
+    for p in (0.997, 0.9995):                                          # 106.1 and 636.6
+        assert bench.t_quantile(1, p) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-6)
+    assert bench.t_quantile(2, 0.99999) == pytest.approx(0.99998 / math.sqrt(2 * 0.99999 * 0.00001), rel=1e-6)  # 223.6
     # Equal spreads: Welch's degrees of freedom are k_A + k_B - 2.
     for seeds, df, t in ((2, 2, 4.303), (3, 4, 2.776), (5, 8, 2.306)):
         a = [0.5 + 0.01 * i for i in range(seeds)]
@@ -189,6 +195,7 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
         (out / "checkpoint.pt").write_text("the weights")
         return subprocess.CompletedProcess(cmd, 0 if resumed else -9)
     monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = real.run_dir("grpo", 0)
     assert real.run_all(real.ARMS[:1], [0], threads=2) == 1 and (out / "checkpoint.pt").exists()
     assert real.kept("grpo", 0) is None and "FAILED (exit -9" in capsys.readouterr().out
@@ -196,6 +203,21 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
     assert real.run_all(real.ARMS[:1], [0], threads=2) == 0 and not (out / "checkpoint.pt").exists()
     assert "  done in 10.0 min: grpo.py --model model.gguf" in capsys.readouterr().out
     assert 600 <= float((real.run_dir("grpo", 0, real.RECORDS) / "wall_seconds").read_text()) < 610
+    machine = (real.run_dir("grpo", 0, real.RECORDS) / "machine").read_text()     # where, and in which dtype
+    assert machine == f"2 threads of an {bench.cpu_name()} (fp32)\n"
+
+
+def test_each_arm_runs_and_records_the_dtype_its_recorded_runs_ran_in(monkeypatch):
+    asked = {label: common.parse_args(__import__(script[:-3]).Args, "", real.SETTING + flags).dtype
+             for label, script, flags in real.ARMS + real.LR_ARMS}
+    # fp32 as the CPU's arms ran, bf16 autocast as grpo bf16 and the lr study (on a GPU) ran; never auto, which
+    # would choose by the machine at hand.
+    assert {label for label, d in asked.items() if d == "bf16"} == {"grpo bf16"} | {a for a, _, _ in real.LR_ARMS}
+    assert set(asked.values()) == {"fp32", "bf16"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    assert real.machine(2, 4, real.ARMS[0][2]) == "one NVIDIA H200 (fp32), 4 runs at a time"     # not bf16 there
+    assert real.machine(2, 4, real.LR_ARMS[0][2]) == "one NVIDIA H200 (bf16 autocast), 4 runs at a time"
 
 
 def run(final, clip=0.01, ev=None):
@@ -218,12 +240,13 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
             "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.20))],  # clips 20x, 0.01 above: inconclusive
             "dapo": [(0, run(0.58)), (1, run(0.62))],
             "dapo seq-mean": [(0, run(0.28)), (1, run(0.32))],                # 0.3 above, 10.6 SE: holds
-            "ppo": [(0, run(0.20, ev=(0.50, 0.10))), (1, run(0.22, ev=(0.52, 0.12)))]}
+            "ppo": [(0, run(0.20, ev=(0.50, 0.10))), (1, run(0.22, ev=(0.56, 0.18)))]}
     a, d, e = real.claims(runs)
-    # (a): first quarter 0.51 +- 0.01, above 0 at 1 df (t 12.71); first minus last 0.4 +- sqrt(0.0001 + 0.0001).
+    # (a): first quarter 0.53 +- 0.03, 17.7 standard errors above 0 at 1 df (t 12.71). First minus last, of the same
+    # runs, so seed by seed: 0.40 and 0.38, 0.39 +- 0.01 at 1 df (unpaired, sqrt(0.0018 / 2 + 0.0032 / 2) = 0.05).
     assert a.startswith("- (a) PPO's critic knows late positions worse: **holds here**: explained variance over the "
-                        "first / last quarter of each completion 0.510 ± 0.014 / 0.110 ± 0.014, first minus last "
-                        "**+0.400 ± 0.014** (2.0 df, t 4.30).")
+                        "first / last quarter of each completion 0.530 ± 0.042 / 0.140 ± 0.057, first minus last "
+                        "**+0.390 ± 0.010** (1.0 df, t 12.71).")
     # PPO 0.21 against GRPO 0.41: 0.2 +- 0.014 over seeds; the evaluation alone on 100 problems:
     # sqrt(0.21 * 0.79 / 100 + 0.41 * 0.59 / 100) = 0.0639.
     assert a.endswith("PPO's held-out final 0.210 ± 0.014 (2 seeds) against GRPO's 0.410 ± 0.014 (2 seeds): "
@@ -285,12 +308,12 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     monkeypatch.setattr(real, "RECORDS", tmp_path)
     monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(real, "HELD_OUT", 10)
-    record("grpo", 0, [0.0, 0.2, 0.4, 0.6], correct="1111110000", machine="2 threads of an AMD EPYC")
+    record("grpo", 0, [0.0, 0.2, 0.4, 0.6], correct="1111110000", machine="2 threads of an AMD EPYC")   # no dtype
     record("grpo", 1, [0.0, 0.2, 0.4, 0.5], correct="1111100000")
     record("grpo lora", 0, [0.0, 0.2, 0.3, 0.4], correct="1111000000")             # one seed so far
     record("gspo", 0, [0.0, 0.1, 0.2, 0.3], correct="1100001000")
     record("gspo", 1, [0.0, 0.1, 0.2, 0.2], correct="1100000000")
-    for seed, where in enumerate(["2 threads of an AMD EPYC", "2 threads of an Intel Xeon", None]):
+    for seed, where in enumerate(["2 threads of an AMD EPYC (fp32)", "2 threads of an Intel(R) Xeon(R)", None]):
         record("dapo", seed, [0.0, 0.1, 0.2, 0.5], machine=where)                   # recorded before: no problems
     runs = real.collect()
     assert [seed for seed, _ in runs["dapo"]] == [0, 1, 2] and runs["ppo"] == []
@@ -308,10 +331,11 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     assert table[7] == "| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |"
     assert len(table) == 8
     rows = {line.split(" | ")[0][2:]: line for line in real.table(runs)[2:]}
-    assert rows["grpo"].endswith("| 2 threads of an AMD EPYC (seed 0); not recorded (seed 1) |")
+    # A record from before the dtype was recorded reads as its arm's: the flags it ran with.
+    assert rows["grpo"].endswith("| 2 threads of an AMD EPYC (fp32) (seed 0); not recorded (seed 1) |")
     assert rows["grpo lora"].startswith("| grpo lora | 1 | 0.000 → **0.400** (0.400) |")
-    assert rows["dapo"].endswith("| 2 threads of an AMD EPYC (seed 0); 2 threads of an Intel Xeon (seed 1); not "
-                                 "recorded (seed 2) |")
+    assert rows["dapo"].endswith("| 2 threads of an AMD EPYC (fp32) (seed 0); 2 threads of an Intel(R) Xeon(R) "
+                                 "(fp32) (seed 1); not recorded (seed 2) |")
     assert rows["ppo"].startswith("| ppo | not run yet |")
     record("ppo", 0, [0.0, 0.1, 0.2, 1.0])
     record("ppo", 1, [0.0, 0.1, 0.2, 0.9])                   # 0.25 against 0.95: 0.7 +- 0.071, beyond 0.304
@@ -330,7 +354,7 @@ def test_a_remark_s_numbers_are_its_record_s():
 
 def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_toys_criterion(tmp_path, monkeypatch):
     by_label = {label: (script, flags) for label, script, flags in real.LR_ARMS}
-    assert len(by_label) == 16 and by_label["grpo lr x1"] == ("grpo.py", ["--lr", "1e-05"])
+    assert len(by_label) == 16 and by_label["grpo lr x1"] == ("grpo.py", ["--dtype", "bf16", "--lr", "1e-05"])
     assert by_label["ppo lr x30"][1][-2:] == ["--lr", "0.0003"] and "--critic-lr" in by_label["ppo lr x30"][1]
     grpo = __import__("grpo")
     args = common.parse_args(grpo.Args, grpo.__doc__, real.SETTING + by_label["grpo lr x10"][1])

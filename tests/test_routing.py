@@ -152,7 +152,7 @@ def test_a_router_that_ignores_the_replayed_experts_stops_with_one_line(hf_moe, 
                                                           "cannot be replayed") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("script", ["grpo", "dapo", "ppo"])
+@pytest.mark.parametrize("script", ["grpo", "dapo", "ppo", "cispo", "sapo"])
 def test_routing_replay_runs_end_to_end_on_a_hugging_face_moe(script, hf_moe, jsonl, tmp_path):
     import importlib
     importlib.import_module(script).main(

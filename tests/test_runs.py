@@ -12,12 +12,14 @@ import pytest
 import torch
 from conftest import CHAIN, TINIER, TINY_NO_STEPS, read_metrics, run
 
+import cispo
 import common
 import dapo
 import grpo
 import gspo
 import moe_model
 import ppo
+import sapo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +33,7 @@ def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
     assert a[1:] != c[1:]
 
 
-@pytest.mark.parametrize("script", [grpo, gspo])
+@pytest.mark.parametrize("script", [grpo, gspo, cispo, sapo])
 def test_resume_gives_the_same_metrics_as_one_long_run(tmp_path, script):
     run(script, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "long")])
     run(script, TINY_NO_STEPS + ["--steps", "2", "--out", str(tmp_path / "split")])
@@ -83,7 +85,7 @@ def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, mo
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("script", [grpo, gspo])
+@pytest.mark.parametrize("script", [grpo, gspo, cispo, sapo])
 def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, capsys, script):
     real_loss = script.policy_loss
 
@@ -291,7 +293,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_afresh_in_its_folder(f
     assert read_metrics(tmp_path, timings=False) == read_metrics(finished, timings=False)   # as a first run
 
 
-@pytest.mark.parametrize("script", [grpo, gspo, dapo])
+@pytest.mark.parametrize("script", [grpo, gspo, dapo, cispo, sapo])
 def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script, tmp_path, monkeypatch):
     # One optimizer step per rollout batch: the update's own forward pass gives the old log-probs
     # (detached), so there is no separate pass, and the ratio is exactly 1.
@@ -304,7 +306,7 @@ def test_a_single_minibatch_is_exactly_on_policy_without_a_separate_pass(script,
 
 
 @pytest.mark.slow    # the first run builds the chain base: minutes on a busy machine, then cached
-@pytest.mark.parametrize("script", [grpo, gspo, dapo, ppo])
+@pytest.mark.parametrize("script", [grpo, gspo, dapo, ppo, cispo, sapo])
 def test_every_script_runs_the_chain_task_with_diagnostics_by_position(tmp_path, script):
     script.main(CHAIN + TINIER + ["--out", str(tmp_path)])
     rows = read_metrics(tmp_path)

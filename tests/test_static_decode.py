@@ -1,6 +1,8 @@
 """--static-cache (extras/static_decode.py): the rollouts of generate's own loop, token for token, and the same run.
 On a CPU its decode step runs eagerly, or here compiled as on CUDA (the fixture `compiled`: the graphs it makes, how
 many, what they attend to); the CUDA graph it is captured as on a GPU is benchmarks/gpu_check.sh's."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,8 +99,8 @@ def compiled(monkeypatch):
     compiled_step.cache_clear()
 
 
-# A rollout and an evaluation (greedy, 3 rows padded to 4) to warm up, then another temperature, another evaluation
-# and a rollout again: (prompts, group size, temperature, greedy).
+# A rollout and an evaluation (greedy, 3 rows padded to the rollout's 12) to warm up, then another temperature, another
+# evaluation and a rollout again: (prompts, group size, temperature, greedy).
 CALLS = [(PROMPTS, 3, 0.7, False), (PROMPTS[:3], 1, 1.0, True), (PROMPTS, 3, 1.3, False), (PROMPTS[1:], 1, 1.0, True),
          (PROMPTS, 3, 0.7, False)]
 
@@ -118,9 +120,30 @@ def test_compiled_after_a_rollout_and_an_evaluation_nothing_compiles_again(hf_de
     assert graphs == [1, 2, 2, 2, 2]
     dtype = torch.bfloat16 if bf16 else torch.float32
     caches = static_decode.CACHES[model]
-    assert sorted(caches) == [4, 12] and all(layer.keys.dtype == layer.values.dtype == dtype
-                                             for cache in caches.values() for layer in cache.layers)
+    assert sorted(caches) == [12] and all(layer.keys.dtype == layer.values.dtype == dtype
+                                          for cache in caches.values() for layer in cache.layers)
     assert model.config._attn_implementation == "sdpa"                      # decode's attention only while it runs
+
+
+def test_without_autocast_the_cache_holds_the_weights_dtype(hf_dense):
+    model, world, encode = tiny(hf_dense)
+    model.to(torch.bfloat16)                                # bf16 weights, no autocast (model.bf16 is not set)
+    assert_same(*both_ways(model, world, encode(PROMPTS))[::-1], atol=1e-2)
+    assert {layer.keys.dtype for layer in static_decode.CACHES[model][12].layers} == {torch.bfloat16}
+
+
+def test_a_greedy_batch_takes_the_smallest_cache_that_holds_it_and_its_graph(hf_dense, compiled):
+    counter = compiled()
+    model, world, encode = tiny(hf_dense)
+    graphs, rows = [], []
+    # A rollout of 12 rows, an evaluation batch of 9 (a power of two would be 16 rows: a second, larger cache), its
+    # last batch of 2 (its own graph at 2 rows), then an evaluation of 15 rows, which no cache holds: 15, not 16.
+    for prompts, group_size, greedy in ((PROMPTS, 3, False), (PROMPTS[:3], 3, True), (PROMPTS[:2], 1, True),
+                                        (PROMPTS + PROMPTS[:1], 3, True)):
+        assert_same(*both_ways(model, world, encode(prompts), 1.0, greedy, group_size)[::-1])
+        graphs.append(counter.frame_count)
+        rows.append(sorted(static_decode.CACHES[model]))
+    assert graphs == [1, 2, 2, 3] and rows == [[12], [12], [12], [12, 15]]
 
 
 @pytest.mark.slow
@@ -182,16 +205,20 @@ def test_grouped_kv_heads_are_attended_to_without_a_copy(hf_dense, compiled):
         assert torch.allclose(ours, theirs.transpose(1, 2), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("version, ok", [("5.23.2", False), ("4.57.0", False), ("5.24.0.dev0", True), ("5.25.0", True),
-                                         ("6.0.0", True)])
-def test_an_older_transformers_is_one_line_of_error(monkeypatch, version, ok):
-    monkeypatch.setattr(static_decode.transformers, "__version__", version)
+@pytest.mark.parametrize("name, version, ok", [
+    ("transformers", "5.23.2", False), ("transformers", "4.57.0", False), ("transformers", "5.24.0.dev0", True),
+    ("transformers", "5.25.0", True), ("transformers", "6.0.0", True),
+    ("torch", "2.5.1+cpu", False), ("torch", "2.4.0", False), ("torch", "2.6.0", True),
+    ("torch", "2.13.0+cu128", True)])
+def test_an_older_transformers_or_torch_is_one_line_of_error(monkeypatch, name, version, ok):
+    monkeypatch.setattr(getattr(static_decode, name), "__version__", version)
     if ok:
-        static_decode.check_transformers()
+        static_decode.check_versions()
     else:
-        with pytest.raises(common.UsageError, match=rf"^--static-cache needs transformers >= 5\.24 \(installed: "
-                                                      rf"{version}\): pip install -U transformers$"):
-            static_decode.check_transformers()
+        least = {"transformers": r"5\.24", "torch": r"2\.6"}[name]
+        with pytest.raises(common.UsageError, match=rf"^--static-cache needs {name} >= {least} \(installed: "
+                                                      rf"{re.escape(version)}\): pip install -U {name}$"):
+            static_decode.check_versions()
 
 
 def test_the_flag_reaches_generate_for_dense_models_only(hf_dense, hf_moe, jsonl):
@@ -207,7 +234,7 @@ def test_the_flag_reaches_generate_for_dense_models_only(hf_dense, hf_moe, jsonl
 @pytest.mark.parametrize("compile_step", [False, True])
 def test_a_grpo_run_with_the_flag_is_the_same_run(tmp_path, hf_dense, jsonl, compiled, compile_step):
     """The same run by generate's loop and by --static-cache, its step eager or compiled as on CUDA: two graphs for
-    the whole run (its rollouts of 6 rows, its evaluations of 5 prompts padded to 8 rows)."""
+    the whole run (its rollouts of 6 rows, its evaluations of 5 prompts, the first before any rollout: 5 rows)."""
     counter = compiled() if compile_step else None
     runs = []
     for flag in ([], ["--static-cache"]):
