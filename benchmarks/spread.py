@@ -111,8 +111,9 @@ def report():
         finals = [r["final"] for r in rows if r["arm"] == arm]
         if len(finals) > 1:
             lines += ["", f"{arm}, every run above together ({len(finals)}): final {spread(finals)}"]
-    lines += ["", "s/step: the training loop's mean time a step (evaluation left out), two runs side by side on "
-                  "a 2-core machine."]
+    lines += ["", "s/step: the training loop's mean time a step (evaluation left out), two runs side by side on 2 "
+                  "cores, with whatever else the machine ran (the AMD EPYC's \"own\" grpo runs shared it with a test "
+                  "suite: 4x slower); quiet timings are in speed.md."]
     bench.write(RESULTS / "spread.md", "\n".join(lines))
 
 
