@@ -561,3 +561,21 @@ def test_compare_checks_for_matplotlib_before_any_run(monkeypatch, capsys):
     err = capsys.readouterr().err.splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "needs matplotlib" in err[0]
     assert "pip install -r benchmarks/requirements.txt" in err[0]
+
+
+def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, monkeypatch):
+    import spread
+    records = [{"cpu": "X", "kernels": k, "capability": k.upper(), "arm": "grpo", "seed": seed, "base": 0.4,
+                "final": final, "sampled_start": 0.2, "sampled_end": 0.6, "steps": 10, "train_seconds": 1.0,
+                "wall_seconds": 2.0} for k, seed, final in [("own", 0, 0.7), ("own", 1, 0.6), ("avx2", 0, 0.5)]]
+    (tmp_path / "spread.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
+    monkeypatch.setattr(spread, "RESULTS", tmp_path)
+    spread.report()
+    text = (tmp_path / "spread.md").read_text()
+    # own: mean 0.65, std sqrt(0.005) = 0.0707; avx2 one run; all three: mean 0.6, std 0.1
+    assert "| grpo | X | own (OWN) | 0,1 | 0.400 ± 0.000 (0.400-0.400) | 0.650 ± 0.071 (0.600-0.700) |" in text
+    assert "| grpo | X | avx2 (AVX2) | 0 | 0.400 | 0.500 | 0.600 | 0.100 |" in text
+    assert "grpo, every run above together (3): final 0.600 ± 0.100 (0.500-0.700)" in text
+    assert spread.key(records[0]) == ("X", "own", "grpo", 0)
+    assert spread.kernels_env("own") == {} and spread.kernels_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2"}
