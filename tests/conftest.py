@@ -20,6 +20,10 @@ TINIER = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--min
 # The chain task with 2 totals ('123+7=' -> '130,137=137', 12 tokens): a quick warm start, shared with the
 # learning tests and the long experiment's quick form.
 CHAIN = ["--task", "chain", "--chain-length", "2"]
+# A --reward FILE.py:counter scoring 1, 2, 3, ... in call order: no two in a group are equal, so every advantage is
+# nonzero whatever the samples (a tiny run can sample no correct answer at all, and then has nothing to learn).
+COUNTER_REWARD = "calls = 0\ndef counter(completion, answer, finished):\n    global calls\n    calls += 1\n" \
+                 "    return float(calls)\n"
 
 
 def read_metrics(out, timings=True):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINIER, moe_configs, run
+from conftest import COUNTER_REWARD, TINIER, moe_configs, run
 from safetensors import safe_open
 
 import cispo
@@ -14,12 +14,6 @@ import moe_model
 import ppo
 import sapo
 from extras import hf_routing
-
-LENGTH_REWARD = "def length(completion, answer, finished):\n    return float(len(completion))\n"
-# 1, 2, 3, ... in the order completions are scored: no two in a group are equal, so every advantage is nonzero
-# whatever the samples (a 2-step toy run can sample no correct answer at all, and then GRPO has nothing to learn).
-COUNTER_REWARD = "calls = 0\ndef counter(completion, answer, finished):\n    global calls\n    calls += 1\n" \
-                 "    return float(calls)\n"
 
 
 @pytest.mark.parametrize("script", [grpo, ppo, cispo, sapo])
@@ -40,10 +34,10 @@ def test_a_toy_run_exports_its_final_policy(script, tmp_path):
 
 
 def train_hf(source, data, tmp_path, *extra):
-    """A 2-step grpo.py run on `source`, rewarded by completion length so that every group has advantages."""
-    (tmp_path / "length.py").write_text(LENGTH_REWARD)
+    """A 2-step grpo.py run on `source`, rewarded by a counter so that every group has advantages."""
+    (tmp_path / "counter.py").write_text(COUNTER_REWARD)
     out = tmp_path / "run"
-    grpo.main(["--model", str(source), "--data", str(data), "--reward", f"{tmp_path / 'length.py'}:length",
+    grpo.main(["--model", str(source), "--data", str(data), "--reward", f"{tmp_path / 'counter.py'}:counter",
                "--max-new-tokens", "6", "--eval-size", "5", "--steps", "2", "--prompts-per-step", "2",
                "--group-size", "3", "--minibatches", "2", "--lr", "1e-3", "--out", str(out), *extra])
     return out

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import TINIER, read_metrics, run
+from conftest import COUNTER_REWARD, TINIER, read_metrics, run
 
 import cispo
 import common
@@ -22,14 +22,12 @@ from extras import hf_models, hf_routing
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
                                 reason="peft is not installed (pip install peft)")
 
-LENGTH_REWARD = "def length(completion, answer, finished):\n    return float(len(completion))\n"
-
 
 def lora_argv(source, data, tmp_path, *extra):
-    """A tiny --lora-r run on `source`, rewarded by completion length so that every group has advantages;
-    a large --lr so that 2 steps move the adapters well away from the base."""
-    (tmp_path / "length.py").write_text(LENGTH_REWARD)
-    return ["--model", str(source), "--data", str(data), "--reward", f"{tmp_path / 'length.py'}:length",
+    """A tiny --lora-r run on `source`, rewarded by a counter so that every group has advantages
+    whatever the samples; a large --lr so that 2 steps move the adapters well away from the base."""
+    (tmp_path / "counter.py").write_text(COUNTER_REWARD)
+    return ["--model", str(source), "--data", str(data), "--reward", f"{tmp_path / 'counter.py'}:counter",
             "--max-new-tokens", "6", "--eval-size", "5", "--steps", "2", "--prompts-per-step", "2",
             "--group-size", "3", "--minibatches", "2", "--lr", "3e-2", "--lora-r", "4", *extra]
 
@@ -177,6 +175,10 @@ def test_every_script_trains_lora_adapters_end_to_end(script, hf_dense, jsonl, t
 @needs_peft
 def test_resume_with_lora_equals_one_uninterrupted_run(hf_dense, jsonl, tmp_path):
     argv = lora_argv(hf_dense, jsonl, tmp_path, "--eval-every", "1")        # the split run evaluates at step 1
+    # A reward by length: the counter's count is not checkpointed, so a resumed run would score otherwise.
+    length = "def length(completion, answer, finished):\n    return float(len(completion))\n"
+    (tmp_path / "length.py").write_text(length)
+    argv[argv.index("--reward") + 1] = f"{tmp_path / 'length.py'}:length"
     run(grpo, argv + ["--out", str(tmp_path / "long")])
     run(grpo, argv + ["--steps", "1", "--out", str(tmp_path / "split")])
     run(grpo, argv + ["--resume", str(tmp_path / "split")])

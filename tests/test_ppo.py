@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_NO_STEPS, read_metrics
+from conftest import COUNTER_REWARD, TINY_NO_STEPS, read_metrics
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import common
@@ -140,7 +140,9 @@ def test_the_advantages_reaching_the_loss_are_whitened_over_the_batch(tmp_path, 
         seen.append((advantages, mask))
         return policy_loss(logp, old_logp, advantages, mask, clip_eps)
     monkeypatch.setattr(ppo, "policy_loss", recording_policy_loss)
-    ppo.main(["--steps", "1"] + TINY_NO_STEPS + ["--out", str(tmp_path)])
+    (tmp_path / "counter.py").write_text(COUNTER_REWARD)       # rewards that differ, whatever the samples
+    ppo.main(["--steps", "1"] + TINY_NO_STEPS + ["--reward", f"{tmp_path / 'counter.py'}:counter",
+                                                 "--out", str(tmp_path / "run")])
     # Every minibatch of every epoch: each row comes `epochs` times, which leaves mean and variance as they are.
     advantages = torch.cat([a for a, _ in seen])
     real = torch.cat([m for _, m in seen]).bool()
