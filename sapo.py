@@ -136,7 +136,8 @@ def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, tau_pos=1.0, ta
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     adv = advantages[:, None]                                            # A_i, the same for every token
     tau = torch.where(adv > 0, tau_pos, tau_neg)                         # tau_it by the sign of A_i [N, 1]
-    surrogate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv        # f(r_it; tau_it) A_i, f'(1) = 1
+    gate = torch.sigmoid(tau * (ratio - 1))                              # sigmoid(tau_it (r_it - 1)) [N, T]
+    surrogate = gate * 4 / tau * adv                                     # f(r_it; tau_it) A_i, f'(1) = 1
     per_token = -surrogate
     metrics = {}
     if beta > 0:
@@ -147,8 +148,7 @@ def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, tau_pos=1.0, ta
     lengths = mask.sum(1).clamp(min=1)                                   # |o_i|
     loss = ((per_token * mask).sum(1) / lengths).mean()                  # seq-mean-token-mean
     with torch.no_grad():
-        s = torch.sigmoid(tau * (ratio - 1))
-        gate_weight = 4 * s * (1 - s)                                    # f'(r_it): 1 at r = 1, smaller away
+        gate_weight = 4 * gate * (1 - gate)                              # f'(r_it) = 4 s (1 - s): 1 at r = 1
         clipped = gate_weight < 0.5                                      # [N, T]: gradient at least halved
         metrics |= {"clip_frac": mean(clipped.float()), "clipped": clipped, "gate_weight_mean": mean(gate_weight),
                     "approx_kl": mean(ratio - 1 - log_ratio)}                 # k3 KL(old || new)

@@ -68,8 +68,9 @@ def one(job):
         shutil.rmtree(out / "cache", ignore_errors=True)
         if rc != 0:
             return rc
-    summary = compare.summarise(bench.read_metrics(out))
-    steps = sum(1 for r in bench.read_metrics(out) if "step_time_s" in r)
+    rows = bench.read_metrics(out)
+    summary = compare.summarise(rows)
+    steps = sum(1 for r in rows if "step_time_s" in r)
     record = {"cpu": bench.cpu_name(), "kernels": kernels, "capability": used, "arm": arm, "seed": seed,
               "base": summary["base"], "final": summary["final"],
               "sampled_start": round(summary["sampled_accuracy_start"], 4),
