@@ -16,18 +16,21 @@ import sapo
 @pytest.mark.parametrize("script, steps", [(grpo, 150), (gspo, 150), (dapo, 150), (ppo, 60),
                                            (cispo, 150), (sapo, 150)])
 def test_learns_running_totals(tmp_path, script, steps):
-    script.main(["--task", "chain", "--chain-length", "2", "--steps", str(steps), "--eval-every", "0",
+    script.main(["--task", "chain", "--chain-length", "2", "--steps", str(steps), "--eval-every", str(steps // 6),
                  "--out", str(tmp_path)])
     rows = read_metrics(tmp_path)
-    steps = [r for r in rows if r["step"] > 0]
+    steps = [r for r in rows if "step_time_s" in r]
     key = "sampled_accuracy" if "sampled_accuracy" in steps[0] else "accuracy"   # DAPO: all it generated
     third = len(steps) // 3
     first = sum(r[key] for r in steps[:third]) / third
     last = sum(r[key] for r in steps[-third:]) / third
-    # Measured (AMD EPYC, 1 thread, seeds 0-2 where run): sampled accuracy over the first third of the steps -> the
-    # last third: grpo +0.109 +0.101 +0.091, gspo +0.090 +0.077 +0.089, dapo +0.137 +0.120, ppo (8 updates a step)
-    # +0.123 +0.084 +0.118; seeds differ by 0.01-0.03 in each third. Greedy accuracy from the base 0.496 to the end:
-    # grpo 0.536 0.600 0.588, gspo 0.580 0.584 0.602, dapo 0.604 0.600, ppo 0.636 0.590 0.570.
-    # cispo and sapo (seed 0 only, from a base of 0.468): +0.091 and +0.088 sampled, greedy 0.588 and 0.634.
+    # One greedy evaluation swings by up to 0.09 from the next (sapo, 25 steps apart: 0.576 then 0.488, from a base
+    # of 0.468): held-out accuracy is read as the mean of the evaluations over the second half of the run (4 of them).
+    evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    later = sum(evals[len(evals) // 2:]) / len(evals[len(evals) // 2:])
+    # Measured (AMD EPYC, 1 thread; seeds 0-2 and torch's own, AVX2 and no-SIMD kernels, ATEN_CPU_CAPABILITY; bases of
+    # greedy 0.468-0.496 built on either): sampled accuracy over the first third of the steps -> the last third
+    # +0.076 to +0.155 in 34 runs (the lowest: cispo +0.076 twice, gspo +0.079); the mean of the later evaluations
+    # over the base +0.072 to +0.154 in 16 runs (the lowest: sapo +0.072 and +0.074, cispo +0.077 twice).
     assert last > first + 0.05, (first, last)
-    assert rows[-1]["eval_accuracy"] > rows[0]["eval_accuracy"] + 0.02
+    assert later > evals[0] + 0.03, evals
