@@ -5,6 +5,7 @@
     python benchmarks/compare.py --quick    # a smoke run of those six, a few minutes (--only NAME for the others)
     python benchmarks/compare.py --only lr  # where each algorithm breaks: 120 runs of 150 steps, ~3 hours
     python benchmarks/compare.py --only long   # the papers' claims at 12, 44 and 100 tokens: 99 runs
+    python benchmarks/compare.py --only losses,losses-stress,losses-lr   # cispo and sapo's claims: 78 runs
     python benchmarks/compare.py --report   # redraw the tables and figures from the finished runs
     python benchmarks/compare.py --only defaults --seeds 0   # each script as it runs (one thread), two at a time
 
@@ -33,6 +34,9 @@ Experiments (one markdown table each in benchmarks/results/study.md, one figure 
           lengths (`--task chains`, 8-100 tokens); grpo, grpo + replay and gspo stressed on the fine toy
           (STRESSED); its own file, long.md, with long.png and long-claims.png (not in the default run:
           --only long)
+  losses  grpo, dapo, gspo, cispo and sapo on `add`, 600 steps, with the claims made for cispo and sapo and
+          their verdicts; losses-stress: the stress experiment with cispo and sapo (and grpo + replay);
+          losses-lr: the lr experiment on the toy MoE for grpo, gspo, cispo and sapo (not in the default run)
 Runs go to benchmarks/runs/ (ignored by git); a finished run is not run again unless --rerun. A --quick
 run keeps its runs, tables and figures in benchmarks/runs/quick/, apart from the results.
 """
@@ -155,6 +159,18 @@ EXPERIMENTS = {
     # benchmarks/results/long.md; --quick runs a smaller set (QUICK_RUNS).
     "long": (["--task", "chain", "--eval-size", "200"], 150, 6, long_runs(LENGTHS, 10)),
 }
+# After GSPO, the losses TRL and verl added: cispo and sapo beside grpo, dapo and gspo, and their claims (LOSS_CLAIMS).
+LOSS_ARMS = [("grpo", "grpo.py", []), ("dapo", "dapo.py", []), ("gspo", "gspo.py", []), ("cispo", "cispo.py", []),
+             ("sapo", "sapo.py", [])]
+LOSS_LR_ARMS = [arm for arm in LOSS_ARMS if arm[0] != "dapo"]
+EXPERIMENTS |= {
+    "losses": (["--task", "add"], 600, 20, LOSS_ARMS),
+    "losses-stress": (["--task", "add", "--minibatches", "16"], 400, 15,
+                      LOSS_ARMS[:1] + [("grpo + replay", "grpo.py", ["--routing-replay"])] + LOSS_LR_ARMS[1:]),
+    "losses-lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} toy MoE", script, flags + ["--lr", f"{DEFAULT_LR * k:g}"])
+                                              for arm, script, flags in LOSS_LR_ARMS for k in LR_TIMES]),
+}
+LONG_RUNNING = ("defaults", "lr", "long", "losses", "losses-stress", "losses-lr")   # not in a plain run: --only
 # A --quick run of `long` in a few minutes: chains of 1 and 2 totals (8 and 12 tokens) on the toy MoE only.
 QUICK_RUNS = {"long": long_runs({"toy MoE": (1, 2)}, 2)}
 
@@ -324,7 +340,7 @@ def summarise(rows, target=None):
         "peak_memory_mb": max(r["peak_memory_mb"] for r in steps),
         "ratio_var_q1": mean("token_ratio_var_q1", steps), "ratio_var_q4": mean("token_ratio_var_q4", steps),
         "drift_q1": mean("routing_drift_q1", steps), "drift_q4": mean("routing_drift_q4", steps),
-        "expert_drift": mean("expert_drift", steps),
+        "expert_drift": mean("expert_drift", steps), "gate_weight_mean": mean("gate_weight_mean", steps),
         "clip_q1": mean("clip_frac_q1", steps), "clip_q4": mean("clip_frac_q4", steps),
         "ev_q1": mean("explained_variance_q1", steps), "ev_q4": mean("explained_variance_q4", steps),
         "stopped": bool(rows[-1].get("stopped")), "fell": fell(evals) and not rows[-1].get("stopped"),
@@ -375,6 +391,7 @@ TITLES = {
     "clip_q1": ("clip frac, first quarter", "{:.4f}"), "clip_q4": ("clip frac, last quarter", "{:.4f}"),
     "ev_q1": ("critic explained variance, first quarter", "{:.3f}"),
     "ev_q4": ("critic explained variance, last quarter", "{:.3f}"),
+    "gate_weight_mean": ("gate weight, mean (sapo)", "{:.4f}"),
     "fell": ("seeds that fell", None), "ended": ("seeds that ended 0.10 below", None),
 }
 ROUTING = "routing_drift log_ratio_rerouted log_ratio_other ratio_var_mean ratio_var_max"
@@ -393,6 +410,8 @@ COLUMNS = {name: keys.split() for name, keys in {
             "seconds_per_step completions_per_step",
 }.items()}
 COLUMNS["fine"] = COLUMNS["stress"]
+COLUMNS["losses"] = COLUMNS["main"] + ["gate_weight_mean"]
+COLUMNS["losses-stress"] = ["final", "fell", "ended"] + COLUMNS["stress"][1:] + ["gate_weight_mean"]
 # What the sampled column and curves show: accuracy, except hf-moe's partial-credit reward (a random model never
 # earns the exact one). The table and the figure both read it from here, so they cannot show different things.
 SAMPLED = {"hf-moe": "reward_end"}
@@ -422,6 +441,7 @@ def collect(name, seeds, quick):
             rows[-1]["wall_seconds"] = float(wall.read_text()) if wall.exists() else None
             last = [r for r in rows if "eval_accuracy" in r][-1]
             rows[-1]["correct"] = bench.final_correct(o, last["step"])   # which problems it got right, if recorded
+            rows[-1]["out"] = o                                         # for the records of earlier evaluations
     return found
 
 
@@ -550,13 +570,13 @@ def ended_below(evals, drop=0.10):
     return evals[0][1] - evals[-1][1] > drop + 1e-9
 
 
-def lr_results(runs):
+def lr_results(runs, arms=ARMS, models=MODELS):
     """{(model, arm): {lr multiple: (final accuracies of the seeds that ran to the end, how many of them fell,
     [(step, sampled accuracy) where each other seed stopped], how many ended more than 0.10 below their base)}},
     and each model's base."""
     out, bases = {}, {}
-    for model in MODELS:
-        for arm, _, _ in ARMS:
+    for model in models:
+        for arm, _, _ in arms:
             for k in LR_TIMES:
                 seeds = runs.get(f"{arm} lr x{k} {model}", [])
                 ended = [[(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r]
@@ -577,8 +597,8 @@ def lr_cell(finals, fallen, stops, ended=0):
     return text
 
 
-def lr_table(runs):
-    results, bases = lr_results(runs)
+def lr_table(runs, arms=ARMS):
+    results, bases = lr_results(runs, arms)
     header = ["model", "run"] + [f"lr x{k} ({DEFAULT_LR * k:g})" for k in LR_TIMES]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for (model, arm), by_lr in results.items():
@@ -587,10 +607,12 @@ def lr_table(runs):
     return lines
 
 
-def lr_figure(runs, path):
-    results, bases = lr_results(runs)
-    fig, axes = bench.subplots(1, len(MODELS), figsize=(12, 4.5), sharey=True)
-    for ax, model in zip(axes, MODELS):
+def lr_figure(runs, path, arms=ARMS):
+    results, bases = lr_results(runs, arms)
+    models = [model for model in MODELS if model in bases]
+    fig, axes = bench.subplots(1, len(models), figsize=(max(9, 6 * len(models)), 4.5), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, model in zip(axes, models):
         for (m, arm), by_lr in results.items():
             if m == model:
                 ks = sorted(k for k in by_lr if by_lr[k][0])          # runs that stopped have no final
@@ -606,7 +628,8 @@ def lr_figure(runs, path):
     axes[0].set_ylabel("final greedy eval accuracy")
     axes[0].legend()
     seeds = max((len(f[0]) + len(f[2]) for by_lr in results.values() for f in by_lr.values()), default=0)
-    fig.suptitle(f"lr: final accuracy, mean ± 1 std over {seeds} seeds; dashed: the base, dotted: 0.10 below it")
+    fig.suptitle(f"{Path(path).stem}: final accuracy, mean ± 1 std over {seeds} seeds; dashed: the base, dotted: "
+                 "0.10 below it")
     bench.save_figure(fig, path)
 
 
@@ -924,6 +947,78 @@ def long_verdicts(runs, n):
             for claim, results in found.items()]
 
 
+# ---------------------------------------------------------------------------------------------------
+# The losses after GSPO: what each loss does to a token's gradient, and the claims made for cispo and sapo
+
+LOSSES_TEXT = (
+    "The losses TRL and verl added after GSPO beside grpo, dapo and gspo, each script at its defaults. What *clip "
+    "frac* counts differs by loss: grpo and dapo, the tokens whose gradient the clip zeroes; gspo, every token of a "
+    "sequence whose gradient the clip zeroes; cispo, the tokens whose importance weight was capped (their gradient "
+    "scaled down, never zeroed); sapo, the tokens whose gate weight f'(r) is below 1/2 (their gradient at least "
+    "halved, never zeroed; *gate weight, mean* says how much it damps on average). The claims and how each is read "
+    "were fixed before the runs (the verdicts below; bench.RULE, as in long.md): the losses-stress experiment is "
+    "the stress experiment's 16 minibatches with cispo and sapo, the losses-lr experiment the lr experiment's "
+    "multiples on the toy MoE with them; a run *fell* as in the lr experiment.")
+LOSS_CLAIMS = (
+    "(f) CISPO learns faster than DAPO at equal steps: CISPO's final greedy accuracy minus DAPO's",
+    "(g) CISPO reaches DAPO's accuracy in half the steps: CISPO's greedy accuracy at half the steps minus DAPO's "
+    "final (and the steps each CISPO seed took to reach DAPO's mean final)",
+    "(h) SAPO is more stable than GRPO and GSPO under stress, on the toy MoE without Routing Replay: SAPO's final "
+    "minus each of theirs at 16 minibatches (not testable where no seed of any arm fell or ended 0.10 below)",
+    "(i) SAPO falls at a higher learning rate than GRPO and GSPO: at the smallest lr multiple where a seed of any of "
+    "the three fell, SAPO's final minus each of theirs (not testable where none fell)")
+
+
+def evaluated(rs, step=None):
+    """A run's greedy accuracy at `step` (default: its last evaluation) and that evaluation's per-problem record, or
+    None where it has none."""
+    evals = [r for r in rs if "eval_accuracy" in r]
+    if step is None:
+        return evals[-1]["eval_accuracy"], rs[-1].get("correct")
+    acc = next(r["eval_accuracy"] for r in evals if r["step"] == step)
+    return acc, bench.final_correct(rs[-1]["out"], step) if "out" in rs[-1] else None
+
+
+def loss_verdicts(losses, stress, lr, steps, n):
+    """Each of LOSS_CLAIMS' verdicts (bench.RULE) from the runs of the losses, losses-stress and losses-lr
+    experiments ({label: seeds} each); `steps`: the losses runs' steps, n: the held-out problems."""
+    text, found = bench.difference_text, {claim: [] for claim in LOSS_CLAIMS}
+    f, g, h, i = found.values()
+    finals = lambda ss: [evaluated(rs) for rs in ss]
+    cispo, dapo = losses.get("cispo"), losses.get("dapo")
+    if cispo and dapo:
+        final = bench.held_out_difference(finals(cispo), finals(dapo), n)
+        f.append((f"{steps} steps", bench.verdict(final), f"CISPO − DAPO {text(final)}"))
+        half = bench.held_out_difference([evaluated(rs, steps // 2) for rs in cispo], finals(dapo), n)
+        target = statistics.fmean(acc for acc, _ in finals(dapo))
+        reached = [steps_to([(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r], target)
+                   for rs in cispo]
+        g.append((f"step {steps // 2} against {steps}", bench.verdict(half), f"CISPO − DAPO {text(half)}; steps to "
+                  f"DAPO's mean final {target:.3f}: {', '.join('never' if r is None else str(r) for r in reached)}"))
+    three = ("sapo", "grpo", "gspo")
+    if all(stress.get(arm) for arm in three):
+        testable = any(r["fell"] or r["ended"] for ss in stress.values() for r in map(summarise, ss))
+        parts = [bench.held_out_difference(finals(stress["sapo"]), finals(stress[arm]), n) for arm in three[1:]]
+        h.append(("16 minibatches", combined([bench.verdict(part, testable) for part in parts]),
+                  f"SAPO − GRPO {text(parts[0])}; SAPO − GSPO {text(parts[1])}"))
+    at = {k: {arm: lr.get(f"{arm} lr x{k} toy MoE", []) for arm in three} for k in LR_TIMES}
+    at = {k: arms for k, arms in at.items() if all(arms.values())}
+    if at:
+        fallen = {k: {arm: sum(summarise(rs)["fell"] for rs in ss) for arm, ss in arms.items()} for k, arms in at.items()}
+        where = next((k for k in at if any(fallen[k].values())), None)
+        counts = lambda k: ", ".join(f"{arm} {fallen[k][arm]}/{len(at[k][arm])}" for arm in three)
+        if where is None:
+            i.append(("toy MoE", "not testable here", "no seed fell at any multiple tried"))
+        else:
+            parts = [bench.held_out_difference(finals(at[where]["sapo"]), finals(at[where][arm]), n)
+                     for arm in three[1:]]
+            i.append((f"lr x{where}", combined([bench.verdict(part) for part in parts]), f"fell: {counts(where)}; "
+                      f"SAPO − GRPO {text(parts[0])}; SAPO − GSPO {text(parts[1])}"))
+    return [f"- {claim}: " + ("; ".join(f"{where}: **{outcome}** ({why})" for where, outcome, why in results)
+                              or "no verdict: its runs are not here") + "."
+            for claim, results in found.items()]
+
+
 def old_sections(path):
     """{experiment: its section of an existing study.md}, kept for experiments with no runs here."""
     sections, name = {}, None
@@ -953,8 +1048,9 @@ def report(seeds, quick):
         if name == "long":
             long_report(runs, quick, results)
             continue
-        if name == "lr":
-            lines += [f"## lr: `--task add`, {EXPERIMENTS[name][2 if quick else 1]} steps, the policy's --lr at "
+        if name in ("lr", "losses-lr"):
+            arms = ARMS if name == "lr" else LOSS_LR_ARMS
+            lines += [f"## {name}: `--task add`, {EXPERIMENTS[name][2 if quick else 1]} steps, the policy's --lr at "
                       f"{', '.join(f'{k}' for k in LR_TIMES)} times the default ({DEFAULT_LR:g})", "",
                       "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
                       "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
@@ -964,8 +1060,8 @@ def report(seeds, quick):
                       "no group of its 5 generation rounds has a reward signal left (the step and the share of "
                       "its samples that were right are given; such a run has no final and is left out of the "
                       "figure).", ""]
-            lines += lr_table(runs) + ["", "![lr](lr.png)", ""]
-            lr_figure(runs, results / "lr.png")
+            lines += lr_table(runs, arms) + ["", f"![{name}]({name}.png)", ""]
+            lr_figure(runs, results / f"{name}.png", arms)
             continue
         rows, base, target = table(name, runs)
         shared, full_steps, quick_steps, _ = EXPERIMENTS[name]
@@ -979,15 +1075,19 @@ def report(seeds, quick):
         if name not in ("depth", "defaults"):
             figure(name, runs, results / f"{name}.png")
             lines += [f"![{name}]({name}.png)", ""]
+        if name == "losses":
+            others = [collect(other, seeds, quick) for other in ("losses-stress", "losses-lr")]
+            lines += [LOSSES_TEXT, "", bench.RULE + f" Here n = {held_out(name, quick)} held-out problems.", ""]
+            lines += loss_verdicts(runs, *others, steps, held_out(name, quick)) + [""]
     bench.write(results / "study.md", "\n".join(lines))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps per run: a smoke test of the study")
-    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in ("defaults", "lr", "long")),
+    parser.add_argument("--only", default=",".join(e for e in EXPERIMENTS if e not in LONG_RUNNING),
                         help="experiments to run, comma-separated (default: all but defaults, which runs alone, "
-                             "and lr and long, hours of their own)")
+                             "lr and long, hours of their own, and the losses after GSPO)")
     parser.add_argument("--seeds", default=None,
                         help="seed ids, comma-separated (default 0,1,2, the study's three; 0,1 with --quick)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")

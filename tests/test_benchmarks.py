@@ -579,3 +579,46 @@ def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, 
     assert "grpo, every run above together (3): final 0.600 ± 0.100 (0.500-0.700)" in text
     assert spread.key(records[0]) == ("X", "own", "grpo", 0)
     assert spread.kernels_env("own") == {} and spread.kernels_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def test_loss_verdicts_read_cispo_against_dapo_and_sapo_against_grpo_and_gspo_by_the_rule():
+    seeds = lambda *finals: [rows([0.4, 0.4 + (f - 0.4) / 2 if f > 0.4 else f + 0.1, f]) for f in finals]
+    losses = {"cispo": [rows([0.4, 0.60, 0.70]), rows([0.4, 0.62, 0.72])], "dapo": seeds(0.60, 0.62)}
+    stress = {"grpo": seeds(0.20, 0.22), "gspo": seeds(0.30, 0.32), "sapo": seeds(0.40, 0.42)}
+    lr = {f"{arm} lr x1 toy MoE": seeds(0.5, 0.52) for arm in ("grpo", "gspo", "sapo")}
+    lr |= {"grpo lr x3 toy MoE": [rows([0.4, 0.2, 0.10]), rows([0.4, 0.2, 0.12])],      # both fell
+           "gspo lr x3 toy MoE": [rows([0.4, 0.2, 0.10]), rows([0.4, 0.5, 0.45])],      # one fell
+           "sapo lr x3 toy MoE": [rows([0.4, 0.45, 0.50]), rows([0.4, 0.47, 0.52])]}
+    f, g, h, i = compare.loss_verdicts(losses, stress, lr, 4, 200)
+    # 0.71 - 0.61 over seeds: sqrt(0.0002 / 2 + 0.0002 / 2) = 0.014 at 2 df (t 4.30); the evaluation alone
+    # sqrt(0.71 * 0.29 / 200 + 0.61 * 0.39 / 200) = 0.047.
+    assert f == ("- (f) CISPO learns faster than DAPO at equal steps: CISPO's final greedy accuracy minus DAPO's: 4 "
+                 "steps: **holds here** (CISPO − DAPO **+0.100 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.047, "
+                 "unpaired)).")
+    # At step 2 CISPO's 0.60 and 0.62 are DAPO's final 0.61 exactly; its first seed reaches 0.61 at step 4, the second
+    # at step 2.
+    assert g.endswith("step 2 against 4: **inconclusive** (CISPO − DAPO +0.000 ± 0.014 (2.0 df, t 4.30; evaluation "
+                      "± 0.049, unpaired); steps to DAPO's mean final 0.610: 4, 2).")
+    # GRPO ended 0.2 below its base, so the claim is testable: SAPO 0.41 against 0.21 and 0.31.
+    assert h.endswith("16 minibatches: **holds here** (SAPO − GRPO **+0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± "
+                      "0.045, unpaired); SAPO − GSPO **+0.100 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.048, "
+                      "unpaired)).")
+    # x1: nobody fell; x3 is the first multiple where a seed fell. GSPO's finals 0.10 and 0.45 put its error at
+    # sqrt(0.35^2 / 2 / 2 + 0.0001) = 0.175 at 1.0065 df: that part, and so the claim, is inconclusive.
+    assert "lr x3: **inconclusive** (fell: sapo 0/2, grpo 2/2, gspo 1/2; SAPO − GRPO **+0.400 ± 0.014**" in i
+    assert "SAPO − GSPO +0.235 ± 0.175 (1.0 df, t 12.51" in i          # Welch: 0.030725^2 / (0.030625^2 + 1e-8)
+    stress = {arm: seeds(0.5, 0.52) for arm in stress}                    # nobody fell or ended below
+    lr = {label: runs for label, runs in lr.items() if "x1 " in label}
+    _, _, h, i = compare.loss_verdicts({}, stress, lr, 4, 200)
+    assert "16 minibatches: **not testable here**" in h and i.endswith("toy MoE: **not testable here** (no seed fell "
+                                                                      "at any multiple tried).")
+    assert compare.loss_verdicts({}, {}, {}, 4, 200)[0].endswith("DAPO's: no verdict: its runs are not here.")
+
+
+def test_losses_experiments_run_cispo_and_sapo_beside_the_others_on_the_toy_moe():
+    assert [label for label, _, _ in compare.EXPERIMENTS["losses"][3]] == ["grpo", "dapo", "gspo", "cispo", "sapo"]
+    stress = compare.EXPERIMENTS["losses-stress"]
+    assert stress[0] == compare.EXPERIMENTS["stress"][0] and stress[1] == compare.EXPERIMENTS["stress"][1]
+    assert [label for label, _, _ in stress[3]] == ["grpo", "grpo + replay", "gspo", "cispo", "sapo"]
+    runs = compare.EXPERIMENTS["losses-lr"][3]
+    assert len(runs) == 4 * len(compare.LR_TIMES) and runs[-1] == ("sapo lr x30 toy MoE", "sapo.py", ["--lr", "0.003"])
