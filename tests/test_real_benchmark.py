@@ -172,7 +172,9 @@ def test_seeds_are_seed_ids_as_in_compare_py_and_a_bad_one_is_refused_in_one_lin
         with pytest.raises(SystemExit) as stop:
             real.main(["--only", "grpo"] + given)
         assert stop.value.code == 0
-    assert ran == [[2], [0, 1], [0, 1]]
+    assert ran == [[2], [0, 1], None]                                   # None: each arm its own, arm_seeds
+    assert real.arm_seeds("grpo bf16") == (0, 1, 2, 3, 4) and real.arm_seeds("ppo") == (0, 1, 2)
+    assert real.arm_seeds("ppo bf16", [3]) == [3]
     for bad in ("1.5", "two", "-1", "", "0,,1"):
         with pytest.raises(SystemExit) as stop:
             real.main(["--only", "grpo", "--seeds", bad])
@@ -180,6 +182,22 @@ def test_seeds_are_seed_ids_as_in_compare_py_and_a_bad_one_is_refused_in_one_lin
         assert stop.value.code == 2 and len(err) == 1
         assert err[0].endswith(f": --seeds {bad!r}: seed ids, comma-separated, each 0 or more (as 0,1,2)")
     assert len(ran) == 3
+
+
+@pytest.mark.parametrize("precision, suffix", [("bf16", " bf16"), ("fp32", "")])
+def test_a_plain_run_runs_every_loss_in_the_precision_dtype_auto_picks_here(precision, suffix, monkeypatch):
+    arms = []
+    monkeypatch.setattr(real, "precision_here", lambda: precision)
+    monkeypatch.setattr(real, "run_all", lambda a, seeds, threads, jobs: arms.extend(a) or 0)
+    monkeypatch.setattr(real, "report", lambda: None)
+    with pytest.raises(SystemExit):
+        real.main([])
+    assert [label for label, _, _ in arms] == [loss + suffix for loss in
+                                               ("grpo", "gspo", "dapo", "dapo seq-mean", "cispo", "sapo", "ppo")]
+    assert all(flags[:2] == ["--dtype", precision] for _, _, flags in arms)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")     # no native bf16 in use
+    assert real.precision_here() == "fp32" or torch.cuda.is_available()
 
 
 def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_times_add_up(tmp_path, monkeypatch,
@@ -196,11 +214,11 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
         return subprocess.CompletedProcess(cmd, 0 if resumed else -9)
     monkeypatch.setattr(subprocess, "run", fake_run)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    out = real.run_dir("grpo", 0)
-    assert real.run_all(real.ARMS[:1], [0], threads=2) == 1 and (out / "checkpoint.pt").exists()
+    out, grpo = real.run_dir("grpo", 0), [arm for arm in real.ARMS if arm[0] == "grpo"]      # fp32
+    assert real.run_all(grpo, [0], threads=2) == 1 and (out / "checkpoint.pt").exists()
     assert real.kept("grpo", 0) is None and "FAILED (exit -9" in capsys.readouterr().out
     (out / "wall_seconds").write_text("600.0\n")                          # as if the first piece took 10 min
-    assert real.run_all(real.ARMS[:1], [0], threads=2) == 0 and not (out / "checkpoint.pt").exists()
+    assert real.run_all(grpo, [0], threads=2) == 0 and not (out / "checkpoint.pt").exists()
     assert "  done in 10.0 min: grpo.py --model model.gguf" in capsys.readouterr().out
     assert 600 <= float((real.run_dir("grpo", 0, real.RECORDS) / "wall_seconds").read_text()) < 610
     machine = (real.run_dir("grpo", 0, real.RECORDS) / "machine").read_text()     # where, and in which dtype
@@ -210,13 +228,15 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
 def test_each_arm_runs_and_records_the_dtype_its_recorded_runs_ran_in(monkeypatch):
     asked = {label: common.parse_args(__import__(script[:-3]).Args, "", real.SETTING + flags).dtype
              for label, script, flags in real.ARMS + real.LR_ARMS}
-    # fp32 as the CPU's arms ran, bf16 autocast as grpo bf16 and the lr study (on a GPU) ran; never auto, which
-    # would choose by the machine at hand.
-    assert {label for label, d in asked.items() if d == "bf16"} == {"grpo bf16"} | {a for a, _, _ in real.LR_ARMS}
-    assert set(asked.values()) == {"fp32", "bf16"}
+    # Every loss in both precisions, each its own arm: bf16 autocast in those labelled so and the lr study (on a
+    # GPU), fp32 in the others; never auto, which would choose by the machine at hand.
+    bf16 = {label for label in asked if label.endswith(" bf16")}
+    assert {label for label, d in asked.items() if d == "bf16"} == bf16 | {a for a, _, _ in real.LR_ARMS}
+    assert {label[:-5] for label in bf16} == {label for label, d in asked.items() if d == "fp32"} - {"grpo lora"}
+    assert set(asked.values()) == {"fp32", "bf16"} and len(bf16) == 7
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
-    assert real.machine(2, 4, real.ARMS[0][2]) == "one NVIDIA H200 (fp32), 4 runs at a time"     # not bf16 there
+    assert real.machine(2, 4, real.ARMS[-1][2]) == "one NVIDIA H200 (fp32), 4 runs at a time"     # not bf16 there
     assert real.machine(2, 4, real.LR_ARMS[0][2]) == "one NVIDIA H200 (bf16 autocast), 4 runs at a time"
 
 
@@ -240,8 +260,10 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
             "gspo": [(0, run(0.41, clip=0.20)), (1, run(0.43, clip=0.20))],  # clips 20x, 0.01 above: inconclusive
             "dapo": [(0, run(0.58)), (1, run(0.62))],
             "dapo seq-mean": [(0, run(0.28)), (1, run(0.32))],                # 0.3 above, 10.6 SE: holds
-            "ppo": [(0, run(0.20, ev=(0.50, 0.10))), (1, run(0.22, ev=(0.56, 0.18)))]}
-    a, d, e = real.claims(runs)
+            "ppo": [(0, run(0.20, ev=(0.50, 0.10))), (1, run(0.22, ev=(0.56, 0.18)))],
+            "cispo": [(0, run(0.68, clip=0.001)), (1, run(0.72, clip=0.001))],   # 0.1 above dapo, 3.5 SE: within
+            "sapo": [(0, run(0.40, clip=0.002)), (1, run(0.42, clip=0.002))]}
+    a, d, e, f, h = real.claims(runs)
     # (a): first quarter 0.53 +- 0.03, 17.7 standard errors above 0 at 1 df (t 12.71). First minus last, of the same
     # runs, so seed by seed: 0.40 and 0.38, 0.39 +- 0.01 at 1 df (unpaired, sqrt(0.0018 / 2 + 0.0032 / 2) = 0.05).
     assert a.startswith("- (a) PPO's critic knows late positions worse: **holds here**: explained variance over the "
@@ -260,7 +282,22 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
                         "± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (20×; far more: 10× or more); its held-out final "
                         "0.420 ± 0.014 (2 seeds) against GRPO's 0.410 ± 0.014 (2 seeds): +0.010 ± 0.014 (2.0 df, t "
                         "4.30; evaluation ± 0.070, unpaired)")
+    # (f): 0.7 against 0.6, sqrt(0.0004 + 0.0004) = 0.028 over seeds: within t; the evaluation alone
+    # sqrt(0.7 * 0.3 / 100 + 0.6 * 0.4 / 100) = 0.067.
+    assert f == ("- (f) CISPO learns faster than DAPO at equal steps, keeping the gradient of the tokens DAPO's clip "
+                 "drops: **inconclusive**: held-out final 0.700 ± 0.028 (2 seeds) against DAPO's 0.600 ± 0.028 (2 "
+                 "seeds): +0.100 ± 0.028 (2.0 df, t 4.30; evaluation ± 0.067, unpaired); CISPO capped the weight of "
+                 "0.0010 ± 0.0000 of its tokens (their gradient scaled, kept), DAPO's clip zeroed that of 0.0100 ± "
+                 "0.0000.")
+    # (h): no seed fell or ended 0.10 below its base (0.1 -> about 0.4): not testable, however the finals stand.
+    assert h.startswith("- (h) SAPO is more stable than GRPO and GSPO: **not testable here**, as no seed of the three "
+                        "fell or ended 0.10 below its base at this lr: held-out final 0.410 ± 0.014 (2 seeds) against "
+                        "GRPO's 0.410 ± 0.014 (2 seeds) and GSPO's 0.420 ± 0.014 (2 seeds)")
     runs["gspo"] = [(0, run(0.10, clip=0.20)), (1, run(0.12, clip=0.20))]      # 0.3 below, 21 SE
+    runs["grpo"] = [(0, metrics([0.2, 0.3, 0.1, 0.05], [0.2] * 4)), (1, metrics([0.2, 0.3, 0.1, 0.07], [0.2] * 4))]
+    assert "**holds here**: held-out final 0.410 ± 0.014 (2 seeds) against GRPO's 0.060 ± 0.014" in \
+        real.claims(runs)[4]                                                    # grpo fell: testable, both beyond t
+    runs["grpo"] = [(0, run(0.40)), (1, run(0.42))]
     assert "**does not hold here**" in real.claims(runs)[2]
     runs["gspo"] = [(0, run(0.42, clip=0.05)), (1, run(0.42, clip=0.05))]      # level, but clips only 5x
     assert "**does not hold here**: it clips 0.0500 ± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (5×;" in \
@@ -320,15 +357,15 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     table = real.differences(runs)
     # One seed an arm: no verdict. The evaluation alone, paired: grpo's shares 1 (4 problems), 1, 0.5, lora's 1 (4),
     # 0, 0: differences 1 and 0.5, mean 0.15, sqrt(1.25 - 10 * 0.15^2) / 10 = 0.101.
-    assert table[2] == "| grpo | grpo lora | 2 / 1 | +0.150 | — | — | — | needs seeds | 0.101, paired |"
+    assert table[4] == "| grpo | grpo lora | 2 / 1 | +0.150 | — | — | — | needs seeds | 0.101, paired |"
     # 0.55 against 0.25, each arm of variance 0.005 over 2 seeds: sqrt(0.0025 + 0.0025) = 0.071 at 2 df, t 4.30: 0.304
     # to be beyond, so within; the evaluation alone (differences 1, 1, 1, 0.5, -0.5: mean 0.3, sqrt(3.5 - 0.9) / 10 =
     # 0.161) would have put it beyond two of its errors.
-    assert table[3] == "| grpo | gspo | 2 / 2 | +0.300 | 0.071 | 2.0 | 4.30 | within | 0.161, paired |"
+    assert table[2] == "| grpo | gspo | 2 / 2 | +0.300 | 0.071 | 2.0 | 4.30 | within | 0.161, paired |"
     # Against three seeds of 0.5, no record: sqrt(0.0025 + 0) at 1 df; unpaired, sqrt(0.55 * 0.45 + 0.25) / sqrt(10).
-    assert table[4] == "| grpo | dapo | 2 / 3 | +0.050 | 0.050 | 1.0 | 12.71 | within | 0.223, unpaired |"
-    assert table[6] == "| grpo lora | dapo | 1 / 3 | -0.100 | — | — | — | needs seeds | 0.221, unpaired |"
-    assert table[7] == "| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |"
+    assert table[3] == "| grpo | dapo | 2 / 3 | +0.050 | 0.050 | 1.0 | 12.71 | within | 0.223, unpaired |"
+    assert table[7] == "| dapo | grpo lora | 3 / 1 | +0.100 | — | — | — | needs seeds | 0.221, unpaired |"
+    assert table[5] == "| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |"
     assert len(table) == 8
     rows = {line.split(" | ")[0][2:]: line for line in real.table(runs)[2:]}
     # A record from before the dtype was recorded reads as its arm's: the flags it ran with.
@@ -339,8 +376,12 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     assert rows["ppo"].startswith("| ppo | not run yet |")
     record("ppo", 0, [0.0, 0.1, 0.2, 1.0])
     record("ppo", 1, [0.0, 0.1, 0.2, 0.9])                   # 0.25 against 0.95: 0.7 +- 0.071, beyond 0.304
-    assert real.differences(real.collect())[10] == ("| gspo | ppo | 2 / 2 | -0.700 | 0.071 | 2.0 | 4.30 | **beyond** "
-                                                     "| 0.153, unpaired |")
+    assert real.differences(real.collect())[7] == ("| gspo | ppo | 2 / 2 | -0.700 | 0.071 | 2.0 | 4.30 | **beyond** "
+                                                    "| 0.153, unpaired |")
+    record("grpo bf16", 0, [0.0, 0.1, 0.2, 0.3])                  # the other precision: its own section, never mixed
+    (name, (dtype, suffix, bf16)), (_, (_, _, fp32)) = real.sections(real.collect()).items()
+    assert (name, dtype, suffix) == ("bf16", "bf16 autocast", " bf16") and "grpo bf16" not in fp32
+    assert [len(s) for s in bf16.values()] == [1, 0, 0, 0, 0, 0, 0] and len(fp32["grpo"]) == 2
 
 
 def test_a_remark_s_numbers_are_its_record_s():
