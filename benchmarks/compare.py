@@ -167,7 +167,8 @@ EXPERIMENTS |= {
     "losses": (["--task", "add"], 600, 20, LOSS_ARMS),
     "losses-stress": (["--task", "add", "--minibatches", "16"], 400, 15,
                       LOSS_ARMS[:1] + [("grpo + replay", "grpo.py", ["--routing-replay"])] + LOSS_LR_ARMS[1:]),
-    "losses-lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} toy MoE", script, flags + ["--lr", f"{DEFAULT_LR * k:g}"])
+    "losses-lr": (["--task", "add"], 150, 6, [(f"{arm} lr x{k} toy MoE", script,
+                                               flags + ["--lr", f"{DEFAULT_LR * k:g}"])
                                               for arm, script, flags in LOSS_LR_ARMS for k in LR_TIMES]),
 }
 LONG_RUNNING = ("defaults", "lr", "long", "losses", "losses-stress", "losses-lr")   # not in a plain run: --only
@@ -1004,7 +1005,8 @@ def loss_verdicts(losses, stress, lr, steps, n):
     at = {k: {arm: lr.get(f"{arm} lr x{k} toy MoE", []) for arm in three} for k in LR_TIMES}
     at = {k: arms for k, arms in at.items() if all(arms.values())}
     if at:
-        fallen = {k: {arm: sum(summarise(rs)["fell"] for rs in ss) for arm, ss in arms.items()} for k, arms in at.items()}
+        fallen = {k: {arm: sum(summarise(rs)["fell"] for rs in ss) for arm, ss in arms.items()}
+                  for k, arms in at.items()}
         where = next((k for k in at if any(fallen[k].values())), None)
         counts = lambda k: ", ".join(f"{arm} {fallen[k][arm]}/{len(at[k][arm])}" for arm in three)
         if where is None:
@@ -1043,7 +1045,8 @@ def report(seeds, quick):
     for name in EXPERIMENTS:
         runs = collect(name, seeds, quick)
         if not any(runs.values()):
-            lines += kept.get(name, [])       # its runs are elsewhere: the table they made stays as it was
+            kept_lines = kept.get(name, [])   # its runs are elsewhere: the table they made stays as it was
+            lines += kept_lines + ([""] if kept_lines and kept_lines[-1] else [])
             continue
         if name == "long":
             long_report(runs, quick, results)

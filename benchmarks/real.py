@@ -159,7 +159,7 @@ def machine(threads, jobs, flags):
     import torch
     if torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name()} ({dtype(flags)}), {jobs} runs at a time"
-    where = f"{threads} threads of an {bench.cpu_name()} ({dtype(flags)})"
+    where = f"{threads} thread{'s' * (threads > 1)} of an {bench.cpu_name()} ({dtype(flags)})"
     return where + (f", {jobs} runs at a time" if jobs > 1 else "")
 
 

@@ -276,11 +276,11 @@ def test_lr_experiment_scales_every_scripts_own_default_lr_alike():
 def test_report_keeps_the_tables_of_experiments_whose_runs_are_not_here(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "RUNS", tmp_path / "runs")
-    (tmp_path / "study.md").write_text("# Study results\n\nintro\n\n## main: `--task add`, 600 steps\n\n| a |\n\n"
-                                       "## stress: x\n\n| b |\n")
+    (tmp_path / "study.md").write_text("# Study results\n\nintro\n\n## main: `--task add`, 600 steps\n\n| a |\n"
+                                       "## stress: x\n\n| b |")                 # no blank line after either table
     compare.report(range(3), quick=False)
     text = (tmp_path / "study.md").read_text()
-    assert "## main: `--task add`, 600 steps\n\n| a |\n\n## stress: x\n\n| b |" in text
+    assert "## main: `--task add`, 600 steps\n\n| a |\n\n## stress: x\n\n| b |\n" in text
 
 
 def test_defaults_runs_start_from_an_empty_cache_and_record_their_whole_wall_time(tmp_path, monkeypatch):
