@@ -971,13 +971,13 @@ LOSS_CLAIMS = (
 
 
 def evaluated(rs, step=None):
-    """A run's greedy accuracy at `step` (default: its last evaluation) and that evaluation's per-problem record, or
-    None where it has none."""
+    """A run's greedy accuracy at `step` (default: its last evaluation) and that evaluation's per-problem record (None
+    where it has none); None when the run was not evaluated at `step`."""
     evals = [r for r in rs if "eval_accuracy" in r]
     if step is None:
         return evals[-1]["eval_accuracy"], rs[-1].get("correct")
-    acc = next(r["eval_accuracy"] for r in evals if r["step"] == step)
-    return acc, bench.final_correct(rs[-1]["out"], step) if "out" in rs[-1] else None
+    acc = next((r["eval_accuracy"] for r in evals if r["step"] == step), None)
+    return None if acc is None else (acc, bench.final_correct(rs[-1]["out"], step) if "out" in rs[-1] else None)
 
 
 def loss_verdicts(losses, stress, lr, steps, n):
@@ -990,12 +990,19 @@ def loss_verdicts(losses, stress, lr, steps, n):
     if cispo and dapo:
         final = bench.held_out_difference(finals(cispo), finals(dapo), n)
         f.append((f"{steps} steps", bench.verdict(final), f"CISPO − DAPO {text(final)}"))
-        half = bench.held_out_difference([evaluated(rs, steps // 2) for rs in cispo], finals(dapo), n)
+        halves = [evaluated(rs, steps // 2) for rs in cispo]
         target = statistics.fmean(acc for acc, _ in finals(dapo))
         reached = [steps_to([(r["step"], r["eval_accuracy"]) for r in rs if "eval_accuracy" in r], target)
                    for rs in cispo]
-        g.append((f"step {steps // 2} against {steps}", bench.verdict(half), f"CISPO − DAPO {text(half)}; steps to "
-                  f"DAPO's mean final {target:.3f}: {', '.join('never' if r is None else str(r) for r in reached)}"))
+        reached = (f"steps to DAPO's mean final {target:.3f}: "
+                   + ", ".join("never" if r is None else str(r) for r in reached))
+        if None in halves:
+            g.append((f"step {steps // 2} against {steps}", "no verdict", f"a CISPO run has no evaluation at step "
+                      f"{steps // 2}; {reached}"))
+        else:
+            half = bench.held_out_difference(halves, finals(dapo), n)
+            g.append((f"step {steps // 2} against {steps}", bench.verdict(half),
+                      f"CISPO − DAPO {text(half)}; {reached}"))
     three = ("sapo", "grpo", "gspo")
     if all(stress.get(arm) for arm in three):
         testable = any(r["fell"] or r["ended"] for ss in stress.values() for r in map(summarise, ss))
@@ -1058,11 +1065,10 @@ def report(seeds, quick):
                       "Final greedy accuracy, mean ± std over seeds; \"fell\": the seeds whose greedy accuracy "
                       "fell more than 0.10 below the base and stayed there (every evaluation from the first such "
                       "one to the last), a criterion fixed before the runs; \"ended below\", added after them: the "
-                      "seeds whose last evaluation is more than 0.10 below the base, fallen or not. \"stopped\": "
-                      "dapo.py stops a run when "
-                      "no group of its 5 generation rounds has a reward signal left (the step and the share of "
-                      "its samples that were right are given; such a run has no final and is left out of the "
-                      "figure).", ""]
+                      "seeds whose last evaluation is more than 0.10 below the base, fallen or not." +
+                      (" \"stopped\": dapo.py stops a run when no group of its 5 generation rounds has a reward "
+                       "signal left (the step and the share of its samples that were right are given; such a run "
+                       "has no final and is left out of the figure)." if name == "lr" else ""), ""]
             lines += lr_table(runs, arms) + ["", f"![{name}]({name}.png)", ""]
             lr_figure(runs, results / f"{name}.png", arms)
             continue

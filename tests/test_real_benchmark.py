@@ -440,3 +440,22 @@ def test_the_rule_is_stated_once_the_same_in_benchmarks_readme_and_in_real_md():
     words = lambda text: " ".join(text.split())
     assert words((root / "benchmarks" / "README.md").read_text()).count(words(bench.RULE[len("**Verdicts.** "):])) == 1
     assert (root / "benchmarks" / "results" / "real.md").read_text().count(bench.RULE) == 1    # real.py writes it
+
+
+def test_a_plain_run_does_five_seeds_an_arm_ppo_three_and_the_lr_study_two(tmp_path, monkeypatch):
+    todo = []
+    for name, value in (("ARITHMETIC", tmp_path / "arithmetic.jsonl"), ("gguf_file", lambda: "model.gguf"),
+                        ("kept", lambda label, seed: seed == 0 and label == "grpo bf16")):    # one run recorded
+        monkeypatch.setattr(real, name, value)
+    monkeypatch.setattr(real.bench, "run_all", lambda one, runs, jobs: todo.extend(runs) or 0)
+    bf16 = [arm for arm in real.ARMS if arm[0] in ("grpo bf16", "ppo bf16")]
+    real.run_all(bf16, None, threads=1)
+    assert [(label, seed) for label, _, _, seed in todo] == [("ppo bf16", 0), ("grpo bf16", 1), ("ppo bf16", 1),
+                                                             ("grpo bf16", 2), ("ppo bf16", 2), ("grpo bf16", 3),
+                                                             ("grpo bf16", 4)]
+    todo.clear()
+    real.run_all(real.LR_ARMS, None, threads=1)                          # 16 arms, 2 seeds each
+    assert len(todo) == 32 and {seed for *_, seed in todo} == {0, 1}
+    todo.clear()
+    real.run_all(bf16, [2], threads=1)                                   # asked: those seeds, ppo's too
+    assert [(label, seed) for label, _, _, seed in todo] == [("grpo bf16", 2), ("ppo bf16", 2)]
