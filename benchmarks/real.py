@@ -73,6 +73,10 @@ REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, (
                         "its s/step and wall time are not comparable with the runs on two threads",
            ("dapo seq-mean", 0): "about 2 minutes of tests ran beside its step 12 (160 s, the others 18.3-59.0 s): its "
                                  "median s/step stands, its wall time reads about 2 min high",
+           ("grpo bf16", 3): "two at a time, one thread each, beside cispo bf16 seed 3 until its step 27 (then alone); "
+                             "short tests (about 1 min in all) ran beside its steps 10-14",
+           ("cispo bf16", 3): "two at a time, one thread each, beside grpo bf16 seed 3; short tests (about 1 min in "
+                              "all) ran beside its steps 10-14",
            ("ppo", 1): "stopped at step 10 and resumed: its wall time is the second piece's only (the first, steps "
                        "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
                        "its cores during steps 11-22"}
