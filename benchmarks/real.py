@@ -17,6 +17,7 @@ import collections
 import importlib.util
 import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -666,8 +667,10 @@ def main(argv=None):
     parser.add_argument("--only", help="arms to run, comma-separated (default: those of the precision --dtype auto "
                                        "picks here): " + ", ".join(label for label, _, _ in ARMS))
     parser.add_argument("--seeds", help="seed ids, comma-separated (default 0-4, ppo 0-2; 2: seed 2 alone)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (1 on a CPU; 4 on a GPU)")
+    # Two runs at a time, each on its share of the cores, do more steps an hour than one on all of them (measured on
+    # 2 cores: benchmarks/README.md, real.py's section).
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2; on a GPU, 4)")
+    parser.add_argument("--threads", type=int, help="torch threads of each run (default: the cores over --jobs)")
     parser.add_argument("--lr-study", action="store_true",
                         help="run the lr study's arms (grpo, gspo, dapo, ppo at lr x1, x3, x10, x30) instead")
     parser.add_argument("--report", action="store_true",
@@ -678,8 +681,9 @@ def main(argv=None):
     unknown = [label for label in labels if label not in [a for a, _, _ in ARMS]]
     if unknown:
         parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
-    if args.jobs < 1 or args.threads < 1:
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--jobs and --threads must be at least 1")
+    args.threads = args.threads or max(1, os.cpu_count() // args.jobs)
     seeds = None if args.seeds is None else bench.seed_ids(parser, args.seeds)
     arms = LR_ARMS if args.lr_study else [arm for arm in ARMS if arm[0] in labels]
     failed = 0 if args.report else run_all(arms, seeds, args.threads, args.jobs)

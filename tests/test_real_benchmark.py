@@ -188,10 +188,14 @@ def test_seeds_are_seed_ids_as_in_compare_py_and_a_bad_one_is_refused_in_one_lin
 def test_a_plain_run_runs_every_loss_in_the_precision_dtype_auto_picks_here(precision, suffix, monkeypatch):
     arms = []
     monkeypatch.setattr(real, "precision_here", lambda: precision)
-    monkeypatch.setattr(real, "run_all", lambda a, seeds, threads, jobs: arms.extend(a) or 0)
+    monkeypatch.setattr(real, "run_all",
+                        lambda a, seeds, threads, jobs: arms.extend(a) or layout.append((jobs, threads)))
     monkeypatch.setattr(real, "report", lambda: None)
+    monkeypatch.setattr(real.os, "cpu_count", lambda: 8)
+    layout = []
     with pytest.raises(SystemExit):
         real.main([])
+    assert layout == [(2, 4)]                                 # two runs at a time, each on its half of the cores
     assert [label for label, _, _ in arms] == [loss + suffix for loss in
                                                ("grpo", "gspo", "dapo", "dapo seq-mean", "cispo", "sapo", "ppo")]
     assert all(flags[:2] == ["--dtype", precision] for _, _, flags in arms)
