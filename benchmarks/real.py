@@ -582,12 +582,10 @@ def export_check(out, record):
 def sections(runs):
     """{precision: {label: seeds}}: each arm in its dtype's section (PRECISIONS' order: bf16 autocast, then fp32),
     with the suffix its labels carry."""
-    out = {}
-    for name, (dtype_name, _, suffix) in PRECISIONS.items():
-        arms = {label: seeds for label, seeds in runs.items() if dtype(dict((a, f) for a, _, f in ARMS)[label]) ==
-                dtype_name}
-        out[name] = (dtype_name, suffix, arms)
-    return out
+    flags = {label: flags for label, _, flags in ARMS}
+    return {name: (dtype_name, suffix, {label: seeds for label, seeds in runs.items()
+                                        if dtype(flags[label]) == dtype_name})
+            for name, (dtype_name, _, suffix) in PRECISIONS.items()}
 
 
 SECTION_TEXT = {
