@@ -33,10 +33,12 @@ def stop_line(out):
 
 
 def cpu_name():
-    """The CPU's model name, as Linux's /proc/cpuinfo gives it ("AMD EPYC"), or "a CPU": absolute times need it."""
+    """The CPU's model name, as Linux's /proc/cpuinfo gives it less its trademark signs ("AMD EPYC", "Intel Xeon
+    Processor"), or "a CPU": absolute times need it."""
     info = Path("/proc/cpuinfo")
-    return next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+    name = next((line.split(":", 1)[1] for line in info.read_text().splitlines()
                  if line.startswith("model name")), "a CPU") if info.exists() else "a CPU"
+    return " ".join(name.replace("(R)", "").replace("(TM)", "").split())
 
 
 def launch(script, flags, out, threads, env=None, resume=False):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench  # noqa: E402
 import compare  # noqa: E402
 import memory  # noqa: E402
 
@@ -27,6 +28,14 @@ def rows(accuracies, rounds=1, step_time=0.5):
             row["eval_accuracy"] = accuracies[step // 2]
         out.append(row)
     return out
+
+
+def test_the_cpu_is_named_without_trademark_signs(tmp_path, monkeypatch):
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)  Processor\nflags\t: fpu\n")
+    monkeypatch.setattr(bench, "Path", lambda _: tmp_path / "cpuinfo")
+    assert bench.cpu_name() == "Intel Xeon Processor"
+    monkeypatch.setattr(bench, "Path", lambda _: tmp_path / "absent")
+    assert bench.cpu_name() == "a CPU"
 
 
 def test_time_to_target_counts_training_seconds_up_to_the_first_crossing():
