@@ -108,8 +108,19 @@ def jsonl(tmp_path):
     return path
 
 
+def pytest_collection_modifyitems(items):
+    """The long tests first, with them the ones marked `first` (see pytest_configure)."""
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("first")))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", 'slow: long tests (real learning); skip them with -m "not slow"')
+    config.addinivalue_line("markers", "first: builds a base that takes a minute, which later tests of its file find "
+                                       "cached (two workers building it side by side each lost that minute)")
+    # With pytest-xdist (-n 2), tests go out one at a time, the long ones first, to whichever worker is free: the
+    # workers end together. In xdist's default chunks one worker was given every long test and ran 150 s alone.
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1
 
 
 @pytest.fixture(scope="session")

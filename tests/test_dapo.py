@@ -129,6 +129,7 @@ def spy_on_loss(monkeypatch):
     return calls
 
 
+@pytest.mark.first   # builds the progression base
 def test_dapo_end_to_end_with_everything_on(tmp_path, monkeypatch):
     calls = spy_on_loss(monkeypatch)
     dapo.main(TINY + ["--task", "progression", "--out", str(tmp_path)])
