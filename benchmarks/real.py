@@ -301,6 +301,22 @@ def machines(label, seeds):
     return "; ".join(f"{m} (seed{'s' * (len(s) > 1)} {', '.join(map(str, s))})" for m, s in where.items())
 
 
+def took(runs, dtype_name):
+    """How long a section's runs took and on what: each machine's summed wall time, and that over the runs it ran at
+    a time (two runs at a time on one thread each finish two in about the time of one)."""
+    hours, count = collections.Counter(), collections.Counter()
+    for label, seeds in runs.items():
+        for seed, _ in seeds:
+            where = machine_of(label, seed).replace(f" ({dtype_name})", "")
+            hours[where] += float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) / 3600
+            count[where] += 1
+    at_once = lambda where: int(where.split(", ")[-1].split()[0]) if where.endswith("runs at a time") else 1
+    parts = "; ".join(f"{h:.1f} h on {'a machine not recorded' if where == 'not recorded' else where} "
+                      f"({count[where]} run{'s' * (count[where] > 1)})" for where, h in hours.most_common())
+    return (f"The table's {sum(count.values())} runs took {sum(hours.values()):.1f} h of wall time summed over runs "
+            f"({parts}): about {sum(h / at_once(where) for where, h in hours.items()):.1f} h of the machines' time.")
+
+
 def table(runs):
     head = ("| arm | seeds | held-out greedy: base → final (best) | finished: base → final | accuracy among "
             "finished: base → final | sampled accuracy: first 5 → last 5 steps | length (tokens) | truncated | "
@@ -617,7 +633,7 @@ def report():
              "not recorded: *ran on* and the notes).", "",
              bench.RULE, ""]
     for name, (dtype_name, suffix, arms) in sections(runs).items():
-        lines += [f"## {dtype_name}", "", SECTION_TEXT[name], ""] + table(arms)
+        lines += [f"## {dtype_name}", "", SECTION_TEXT[name] + " " + took(arms, dtype_name), ""] + table(arms)
         lines += ["", "Finished: the share of held-out answers that ended before the length limit (the answer's "
                   "form); accuracy among finished: the arithmetic of those that did. Sampled: every completion "
                   f"generated in training (completions/step: {PER_ROUND} a generation round; dapo.py samples rounds "

@@ -229,6 +229,20 @@ def test_a_run_stopped_half_way_resumes_from_its_checkpoint_and_its_pieces_wall_
     assert machine == f"2 threads of an {bench.cpu_name()} (fp32)\n"
 
 
+def test_the_report_says_how_long_a_table_took_and_on_what(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "RECORDS", tmp_path)
+    two = "1 thread of an Intel Xeon Processor (bf16 autocast), 2 runs at a time"
+    for seed, where, seconds in [(0, two, 1800), (1, two, 3600), (2, "2 threads of an AMD EPYC (bf16 autocast)", 1200)]:
+        record = real.run_dir("grpo bf16", seed, tmp_path)
+        record.mkdir(parents=True)
+        (record / "machine").write_text(where + "\n")
+        (record / "wall_seconds").write_text(f"{seconds}\n")
+    # 1.5 h two at a time is 0.75 h of the Xeon's time, 0.33 h alone is the EPYC's: 1.08 h.
+    assert real.took({"grpo bf16": [(s, []) for s in range(3)], "gspo bf16": []}, "bf16 autocast") == (
+        "The table's 3 runs took 1.8 h of wall time summed over runs (1.5 h on 1 thread of an Intel Xeon Processor, "
+        "2 runs at a time (2 runs); 0.3 h on 2 threads of an AMD EPYC (1 run)): about 1.1 h of the machines' time.")
+
+
 def test_each_arm_runs_and_records_the_dtype_its_recorded_runs_ran_in(monkeypatch):
     asked = {label: common.parse_args(__import__(script[:-3]).Args, "", real.SETTING + flags).dtype
              for label, script, flags in real.ARMS + real.LR_ARMS}
