@@ -80,7 +80,9 @@ REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, (
                               "all) ran beside its steps 10-14",
            ("ppo", 1): "stopped at step 10 and resumed: its wall time is the second piece's only (the first, steps "
                        "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
-                       "its cores during steps 11-22"}
+                       "its cores during steps 11-22",
+           ("dapo seq-mean bf16", 4): "two at a time, one thread each, then alone for its last 2.7 min (18.4 in all)",
+           ("cispo bf16", 4): "two at a time, one thread each, then alone for its last 4.9 min (16.5 in all)"}
 
 
 # ---------------------------------------------------------------------------------------------------
