@@ -65,6 +65,8 @@ LR_ARMS = [(f"{label} lr x{k}", script, ["--dtype", "bf16"] + flags[2:] + ["--lr
 # What a reader of a recorded run's time needs to know, by (label, seed).
 PASSIVE_BESIDE = ("other work ran beside it, and it ran with OMP_WAIT_POLICY=PASSIVE: its s/step and wall time read "
                   "high (quiet timings: results/speed.md, `python benchmarks/speed.py --only real`)")
+PPO_BF16_PAIR = ("two at a time, one thread each; stopped at step 11 and resumed, its wall time both pieces' sum; the "
+                 "quick tests (about 3 min) ran beside its steps 2-3 (175 s a step, the others 67-105 s)")
 REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, ("grpo bf16", 2): PASSIVE_BESIDE,
            ("grpo", 2): PASSIVE_BESIDE,
            ("grpo lora", 0): "other work (tests) ran beside it at times: its s/step and wall time read high",
@@ -82,7 +84,8 @@ REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, (
                        "1-10, took about 21 min and was not recorded); short tests (about 2 min in all) ran on one of "
                        "its cores during steps 11-22",
            ("dapo seq-mean bf16", 4): "two at a time, one thread each, then alone for its last 2.7 min (18.4 in all)",
-           ("cispo bf16", 4): "two at a time, one thread each, then alone for its last 4.9 min (16.5 in all)"}
+           ("cispo bf16", 4): "two at a time, one thread each, then alone for its last 4.9 min (16.5 in all)",
+           ("ppo bf16", 0): PPO_BF16_PAIR, ("ppo bf16", 1): PPO_BF16_PAIR}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -271,12 +271,12 @@ def export_verl_data(args):
     """--export-verl-data DIR: --data's rows, split as the scripts split them (--eval-size held out), as the parquet
     files verl reads: a chat `prompt`, `data_source`, and the answer in `reward_model.ground_truth`."""
     check(args.data is not None, "--export-verl-data needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
+    hf_models = common.side_module("hf_models", "--export-verl-data")    # its JSONL reader; the toy needs none
     try:
         import pyarrow
         import pyarrow.parquet
     except ImportError:
         raise UsageError("--export-verl-data needs pyarrow, which is not installed: pip install pyarrow") from None
-    hf_models = common.side_module("hf_models", "--export-verl-data")    # its JSONL reader; the toy needs none
     train, held_out = common.split_eval(hf_models.read_jsonl(args.data), args.eval_size)
     folder = Path(args.export_verl_data)
     folder.mkdir(parents=True, exist_ok=True)
