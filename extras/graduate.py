@@ -271,7 +271,8 @@ def export_verl_data(args):
     """--export-verl-data DIR: --data's rows, split as the scripts split them (--eval-size held out), as the parquet
     files verl reads: a chat `prompt`, `data_source`, and the answer in `reward_model.ground_truth`."""
     check(args.data is not None, "--export-verl-data needs --data (a JSONL file of {\"prompt\", \"answer\"} rows)")
-    hf_models = common.side_module("hf_models", "--export-verl-data")    # its JSONL reader; the toy needs none
+    # hf_models (its JSONL reader; the toy needs none) before pyarrow: a copy lacking the file hears of that first
+    hf_models = common.side_module("hf_models", "--export-verl-data")
     try:
         import pyarrow
         import pyarrow.parquet
