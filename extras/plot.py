@@ -38,6 +38,8 @@ PANELS = [("sampled reward and accuracy", "mean over the step's completions",
            [("abs_log_ratio_rerouted", "re-routed tokens"), ("abs_log_ratio_other", "other tokens")])]
 LOG_SCALE = {"|log r| of re-routed vs other tokens (MoE)"}
 STYLES = ["-", "--", ":"]   # several runs: a colour a run, a line style a panel's quantity
+# One colour per script in every figure (matplotlib's default cycle), so a script reads the same in each plot.
+COLOURS = {"grpo": "C0", "gspo": "C1", "dapo": "C2", "ppo": "C3", "cispo": "C4", "sapo": "C5", "grpo + replay": "C7"}
 # Settings that say where or how the run ran, not what it trained: left out of the title.
 PLUMBING = {"out", "resume", "device", "threads", "save_every", "print_verl", "print_trl", "export_verl_data"}
 # Shown in the title's own words, not as flags.
