@@ -2,7 +2,8 @@
 
     python benchmarks/spread.py                          # python grpo.py, seeds 0-2, this CPU's kernels and AVX2's
     python benchmarks/spread.py --only all --seeds 0     # every script's default run, seed 0, both kernel sets
-    python benchmarks/spread.py --report                 # spread.md again from the recorded runs
+    python benchmarks/spread.py --only all --seeds 0 --kernels own --rerun   # run recorded runs again, replace them
+    python benchmarks/spread.py --report                 # spread.md and defaults.png again from the recorded runs
 
 A run's result depends on more than its seed. torch picks its CPU kernels when it starts (AVX-512, AVX2 or plain
 code: `ATEN_CPU_CAPABILITY`), and each sums in its own order, as another CPU would; reinforcement learning amplifies
@@ -12,8 +13,11 @@ seeds and kernel sets is what a user should expect of their own run, not one pri
 
 Each run is the script exactly as `python <script>` runs it (one thread), warm-started from nothing (the base
 depends on the kernels too), two at a time. Its result is one line of benchmarks/results/spread.jsonl (the CPU, the
-kernels asked for and used, the seed, base, final and sampled accuracies, training time); a recorded run is not run
-again, so runs on other machines add to the table. benchmarks/results/spread.md is made from every line.
+kernels asked for and used, the seed, base, final and sampled accuracies, training time, and the held-out accuracy
+curve: [step, greedy accuracy] at each evaluation); a recorded run is not run again (--rerun runs it again and
+replaces its line), so runs on other machines add to the table. benchmarks/results/spread.md is made from every line:
+the table, grpo's final pooled over each CPU's runs, and how far one late evaluation swings from the one before.
+benchmarks/results/defaults.png draws the curves of every script's seed-0 run on one machine's own kernels.
 """
 import argparse
 import json
@@ -58,11 +62,12 @@ def key(record):
 
 
 def one(job):
-    """Run one arm, seed and kernel set to its end and record it: the exit code."""
-    arm, seed, kernels, used = job
+    """Run one arm, seed and kernel set to its end and record it (a record of the same run is replaced): the exit
+    code. `rerun`: run it again even if its folder holds a finished run."""
+    arm, seed, kernels, used, rerun = job
     script, flags = ARMS[arm]
     out = RUNS / kernels / arm.replace(" + ", "-") / f"seed{seed}"
-    if not compare.finished(out, compare.default_steps(script)):      # a finished run is only recorded
+    if rerun or not compare.finished(out, compare.default_steps(script)):      # a finished run is only recorded
         rc = bench.launch(script, flags + ["--seed", str(seed)], out, 1, {"RL_CACHE_DIR": str(out / "cache")} |
                           kernels_env(kernels))
         shutil.rmtree(out / "cache", ignore_errors=True)
@@ -76,10 +81,15 @@ def one(job):
               "sampled_start": round(summary["sampled_accuracy_start"], 4),
               "sampled_end": round(summary["sampled_accuracy_end"], 4), "steps": steps,
               "train_seconds": round(summary["train_seconds"], 1),
-              "wall_seconds": float((out / "wall_seconds").read_text())}
-    with WRITING, open(RECORDS, "a") as f:
-        f.write(json.dumps(record) + "\n")
+              "wall_seconds": float((out / "wall_seconds").read_text()),
+              "curve": [[r["step"], r["eval_accuracy"]] for r in rows if "eval_accuracy" in r]}
+    with WRITING:
+        kept = [r for r in records() if key(r) != key(record)]
+        RECORDS.write_text("".join(json.dumps(r) + "\n" for r in kept + [record]))
     return 0
+
+
+SWING_FROM = 1800      # the last quarter of the GRPO family's 2400 steps: where a user reads a run's end
 
 
 def spread(values):
@@ -87,6 +97,100 @@ def spread(values):
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def pooled(rows):
+    """[(what, runs)]: each script's runs pooled on each CPU (every seed and kernel set it ran there), and over every
+    CPU where it ran on more than one; only groups of two runs or more."""
+    groups = []
+    for arm in ARMS:
+        runs = [r for r in rows if r["arm"] == arm]
+        cpus = sorted({r["cpu"] for r in runs})
+        for cpu in cpus:
+            here = [r for r in runs if r["cpu"] == cpu]
+            kernels = sorted({r["kernels"] for r in here}, key=list(KERNELS).index)
+            seeds = sorted({r["seed"] for r in here})
+            groups.append((f"{arm} on {cpu}: seeds {','.join(map(str, seeds))}, {' and '.join(kernels)} kernels",
+                           here))
+        if len(cpus) > 1:
+            groups.append((f"{arm} on every CPU above", runs))
+    return [(what, runs) for what, runs in groups if len(runs) > 1]
+
+
+def swing(curve, start=SWING_FROM):
+    """(mean, largest, (step, step) of the largest) absolute change between consecutive evaluations of a curve
+    [[step, accuracy], ...], over the evaluations at `start` and after; None with fewer than two there."""
+    late = [(step, acc) for step, acc in curve if step >= start]
+    if len(late) < 2:
+        return None
+    changes = [(abs(b - a), (s, t)) for (s, a), (t, b) in zip(late, late[1:])]
+    largest = max(changes)
+    return statistics.fmean(c for c, _ in changes), largest[0], largest[1]
+
+
+def swings(rows):
+    """The table's lines: each recorded curve's late swing, then all of them together."""
+    runs = sorted((r for r in rows if r.get("curve") and swing(r["curve"])),
+                  key=lambda r: (list(ARMS).index(r["arm"]), r["cpu"], r["kernels"], r["seed"]))
+    if not runs:
+        return ["No recorded run has its curve yet (runs recorded since spread.py kept it)."]
+    lines = ["| script | CPU | kernels | seed | changes | mean | largest (steps) |", "| --- " * 7 + "|"]
+    changes = []
+    for r in runs:
+        late = [acc for step, acc in r["curve"] if step >= SWING_FROM]
+        changes += [abs(b - a) for a, b in zip(late, late[1:])]
+        mean, largest, (s, t) = swing(r["curve"])
+        lines.append(f"| {r['arm']} | {r['cpu']} | {r['kernels']} | {r['seed']} | {len(late) - 1} | {mean:.3f} | "
+                     f"{largest:.3f} ({s} → {t}) |")
+    left_out = sorted({r["arm"] for r in rows if r.get("curve") and not swing(r["curve"])})
+    lines += ["", f"Every run above together ({len(runs)} runs, {len(changes)} changes): one evaluation moves "
+                  f"{statistics.fmean(changes):.3f} from the one before on average, {max(changes):.3f} at most."]
+    if left_out:
+        lines[-1] += f" Left out: {', '.join(left_out)} (its runs end before step {SWING_FROM})."
+    return lines
+
+
+def figure_runs(rows):
+    """The runs defaults.png draws: seed 0 of every script with a curve, on the CPU and kernel set that has the most
+    such scripts (ties: the first recorded); {arm: record} in ARMS' order, and (cpu, kernels)."""
+    curves = [r for r in rows if r["seed"] == 0 and r.get("curve")]
+    if not curves:
+        return {}, None
+    counts = {}
+    for r in curves:
+        counts.setdefault((r["cpu"], r["kernels"]), set()).add(r["arm"])
+    where = max(counts, key=lambda k: len(counts[k]))
+    chosen = {r["arm"]: r for r in curves if (r["cpu"], r["kernels"]) == where}
+    return {arm: chosen[arm] for arm in ARMS if arm in chosen}, where
+
+
+def figure(rows, path):
+    """defaults.png: held-out greedy accuracy against step, each script's default run of seed 0 on one machine."""
+    sys.path.insert(0, str(ROOT))
+    from extras.plot import COLOURS
+    runs, where = figure_runs(rows)
+    if not runs:
+        return False
+    usual = statistics.mode(r["steps"] for r in runs.values())
+    fig, ax = bench.subplots(figsize=(9, 5))
+    for arm, r in runs.items():
+        steps, accs = zip(*r["curve"])
+        label = f"{arm} ({r['steps']} steps)" if r["steps"] != usual else arm
+        ax.plot(steps, accs, color=COLOURS[arm], marker=".", markersize=3, linewidth=1.2,
+                label=f"{label}: {r['final']:.3f}")
+    bases = sorted({r["base"] for r in runs.values()})
+    for base in bases:
+        ax.axhline(base, color="grey", linestyle="--", linewidth=1)
+    ax.plot([], [], color="grey", linestyle="--", label="base (step 0): " + " / ".join(f"{b:.3f}" for b in bases))
+    cpu, kernels = where
+    ax.set(xlabel="step", ylabel="held-out greedy accuracy (500 problems)",
+           title=f"Each script as `python <script>` runs it, seed 0: {cpu}, {kernels} kernels "
+                 f"({runs[next(iter(runs))]['capability']}), one thread")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    bench.save_figure(fig, path)
+    print(f"wrote {path}")
+    return True
 
 
 def report():
@@ -108,14 +212,29 @@ def report():
         lines.append(f"| {arm} | {cpu} | {kernels} ({runs[0]['capability']}) | "
                      f"{','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} | {col('base')} | "
                      f"{col('final')} | {col('sampled_end')} | {per_step:.3f} |")
-    for arm in order:
-        finals = [r["final"] for r in rows if r["arm"] == arm]
-        if len(finals) > 1:
-            lines += ["", f"{arm}, every run above together ({len(finals)}): final {spread(finals)}"]
     lines += ["", "s/step: the training loop's mean time a step (evaluation left out), two runs side by side on 2 "
-                  "cores, with whatever else the machine ran (the AMD EPYC's \"own\" grpo runs shared it with a test "
-                  "suite: 4x slower); quiet timings are in speed.md."]
-    bench.write(RESULTS / "spread.md", "\n".join(lines))
+                  "cores, with whatever else the machine ran (the AMD EPYC's \"own\" grpo seed 1 shared it with a "
+                  "test suite: 4x slower); quiet timings are in speed.md."]
+    groups = pooled(rows)
+    if groups:
+        lines += ["", "## Finals pooled", "", "How far a final moves with seed and kernels: every run of a script "
+                  "on one CPU together (its seeds on each kernel set), then on every CPU. mean ± std (min-max).", "",
+                  "| runs pooled | runs | final |", "| --- | --- | --- |"]
+        lines += [f"| {what} | {len(runs)} | {spread([r['final'] for r in runs])} |" for what, runs in groups]
+    lines += ["", f"## How far one evaluation swings, from step {SWING_FROM} on", "",
+              f"The absolute change of held-out greedy accuracy from one evaluation to the next (every 50 steps), "
+              f"over the evaluations at step {SWING_FROM} and after, in each run that recorded its curve.", ""]
+    lines += swings(rows)
+    try:
+        if figure(rows, RESULTS / "defaults.png"):
+            runs, (cpu, kernels) = figure_runs(rows)
+            finals = ", ".join(f"{arm} {r['final']:.3f}" for arm, r in runs.items())
+            lines += ["", "## Each script's default run", "", f"Seed 0 of every script on the {cpu}, {kernels} "
+                      f"kernels, held-out greedy accuracy against step (finals: {finals}):", "",
+                      "![defaults](defaults.png)"]
+    except ImportError:
+        print("note: no matplotlib, so no defaults.png (pip install -r benchmarks/requirements.txt)", file=sys.stderr)
+    bench.write(RESULTS / "spread.md", "\n".join(lines) + "\n")
 
 
 def main(argv=None):
@@ -124,7 +243,9 @@ def main(argv=None):
     parser.add_argument("--seeds", default="0,1,2", help="seed ids, comma-separated")
     parser.add_argument("--kernels", default="own,avx2", help=f"kernel sets, comma-separated: {', '.join(KERNELS)}")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--report", action="store_true", help="only write spread.md from the recorded runs")
+    parser.add_argument("--rerun", action="store_true", help="run the recorded runs of this CPU again, replacing them")
+    parser.add_argument("--report", action="store_true",
+                        help="only write spread.md and defaults.png from the recorded runs")
     args = parser.parse_args(argv)
     arms = list(ARMS) if args.only == "all" else bench.only(parser, args.only, ARMS, "script")
     kernels = bench.only(parser, args.kernels, KERNELS, "kernel set")
@@ -133,8 +254,8 @@ def main(argv=None):
     if not args.report:
         done = {key(r) for r in records()}
         used = {k: capability(k) for k in kernels}
-        todo = [(arm, seed, k, used[k]) for k in kernels for arm in arms for seed in seeds
-                if (bench.cpu_name(), k, arm, seed) not in done]
+        todo = [(arm, seed, k, used[k], args.rerun) for k in kernels for arm in arms for seed in seeds
+                if args.rerun or (bench.cpu_name(), k, arm, seed) not in done]
         print(f"{len(todo)} runs to do, {args.jobs} at a time, on {bench.cpu_name()}", flush=True)
         failed = bench.run_all(one, todo, args.jobs)
         if failed:

@@ -582,12 +582,96 @@ def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, 
     monkeypatch.setattr(spread, "RESULTS", tmp_path)
     spread.report()
     text = (tmp_path / "spread.md").read_text()
-    # own: mean 0.65, std sqrt(0.005) = 0.0707; avx2 one run; all three: mean 0.6, std 0.1
+    # own: mean 0.65, std sqrt(0.005) = 0.0707; avx2 one run; all three, pooled on CPU X: mean 0.6, std 0.1
     assert "| grpo | X | own (OWN) | 0,1 | 0.400 ± 0.000 (0.400-0.400) | 0.650 ± 0.071 (0.600-0.700) |" in text
     assert "| grpo | X | avx2 (AVX2) | 0 | 0.400 | 0.500 | 0.600 | 0.100 |" in text
-    assert "grpo, every run above together (3): final 0.600 ± 0.100 (0.500-0.700)" in text
+    assert "| grpo on X: seeds 0,1, own and avx2 kernels | 3 | 0.600 ± 0.100 (0.500-0.700) |" in text
+    assert "every CPU above" not in text                                     # one CPU: no line over CPUs
     assert spread.key(records[0]) == ("X", "own", "grpo", 0)
     assert spread.kernels_env("own") == {} and spread.kernels_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def spread_record(cpu, kernels, arm, seed, final, curve=None, steps=2400):
+    return {"cpu": cpu, "kernels": kernels, "capability": kernels.upper(), "arm": arm, "seed": seed, "base": 0.4,
+            "final": final, "sampled_start": 0.2, "sampled_end": 0.6, "steps": steps, "train_seconds": 1.0,
+            "wall_seconds": 2.0} | ({"curve": curve} if curve else {})
+
+
+def test_spread_pools_each_cpus_runs_of_a_script_over_seeds_and_kernel_sets(tmp_path, monkeypatch):
+    import spread
+    records = [spread_record("X", "own", "grpo", 0, 0.7), spread_record("X", "avx2", "grpo", 1, 0.6),
+               spread_record("Y", "own", "grpo", 0, 0.5), spread_record("Y", "own", "gspo", 0, 0.9)]
+    (tmp_path / "spread.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
+    monkeypatch.setattr(spread, "RESULTS", tmp_path)
+    spread.report()
+    text = (tmp_path / "spread.md").read_text()
+    # X: 0.7 and 0.6, mean 0.65, std sqrt(0.005) = 0.0707; Y has one grpo run: no line; both CPUs: 0.6 ± 0.1.
+    assert "| grpo on X: seeds 0,1, own and avx2 kernels | 2 | 0.650 ± 0.071 (0.600-0.700) |" in text
+    assert "| grpo on every CPU above | 3 | 0.600 ± 0.100 (0.500-0.700) |" in text
+    assert "grpo on Y" not in text and "gspo on" not in text
+
+
+def test_the_late_swing_is_the_change_between_consecutive_evaluations_from_step_1800():
+    import spread
+    curve = [[1700, 0.2], [1750, 0.9], [1800, 0.6], [1850, 0.5], [1900, 0.75], [1950, 0.7]]
+    # From 1800: |0.5 - 0.6| 0.10, |0.75 - 0.5| 0.25, |0.7 - 0.75| 0.05: mean 0.40 / 3, largest 0.25 (1850 -> 1900).
+    mean, largest, where = spread.swing(curve)
+    assert mean == pytest.approx(0.4 / 3) and largest == pytest.approx(0.25) and where == (1850, 1900)
+    assert spread.swing([[0, 0.4], [700, 0.8]]) is None                     # ppo's 700 steps end before 1800
+    lines = spread.swings([spread_record("X", "own", "grpo", 0, 0.7, curve),
+                           spread_record("X", "own", "gspo", 0, 0.7, [[1800, 0.5], [1850, 0.8]]),
+                           spread_record("X", "own", "ppo", 0, 0.8, [[0, 0.4], [700, 0.8]], steps=700)])
+    assert "| grpo | X | own | 0 | 3 | 0.133 | 0.250 (1850 → 1900) |" in lines
+    assert "| gspo | X | own | 0 | 1 | 0.300 | 0.300 (1800 → 1850) |" in lines
+    # Together: changes 0.10, 0.25, 0.05, 0.30: mean 0.175, largest 0.300.
+    assert lines[-1] == ("Every run above together (2 runs, 4 changes): one evaluation moves 0.175 from the one "
+                         "before on average, 0.300 at most. Left out: ppo (its runs end before step 1800).")
+
+
+def test_a_spread_run_keeps_its_curve_and_a_rerun_replaces_its_record(tmp_path, monkeypatch):
+    import spread
+    monkeypatch.setattr(spread, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
+    monkeypatch.setattr(spread.bench, "cpu_name", lambda: "X")
+    other = spread_record("Y", "own", "grpo", 0, 0.5)
+    (tmp_path / "spread.jsonl").write_text(json.dumps(spread_record("X", "own", "grpo", 0, 0.9)) + "\n"
+                                           + json.dumps(other) + "\n")
+    launched = []
+
+    def launch(script, flags, out, threads, env=None):
+        launched.append((script, flags, threads, env))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows([0.4, 0.5, 0.7])))
+        (out / "wall_seconds").write_text("3.0\n")
+        return 0
+    monkeypatch.setattr(spread.bench, "launch", launch)
+    assert spread.one(("grpo", 0, "avx2", "AVX2", True)) == 0
+    assert launched[0][:3] == ("grpo.py", ["--seed", "0"], 1)
+    assert launched[0][3]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert spread.one(("grpo", 0, "own", "AVX512", True)) == 0            # the recorded run, run again
+    kept = spread.records()
+    assert len(kept) == 3 and other in kept and all(r["final"] != 0.9 for r in kept)
+    new = next(r for r in kept if r["cpu"] == "X" and r["kernels"] == "own")
+    assert new["curve"] == [[0, 0.4], [2, 0.5], [4, 0.7]] and new["final"] == 0.7 and new["steps"] == 4
+
+
+def test_defaults_png_draws_seed_0_of_every_script_on_the_machine_that_ran_the_most(tmp_path, monkeypatch):
+    import spread
+    curve = [[0, 0.4], [50, 0.6]]
+    records = [spread_record("X", "own", arm, 0, 0.6, curve) for arm in ("grpo", "gspo", "dapo")]
+    records += [spread_record("X", "own", "grpo", 1, 0.6, curve), spread_record("X", "avx2", "ppo", 0, 0.6, curve),
+                spread_record("Y", "own", "sapo", 0, 0.6, curve), spread_record("Y", "own", "cispo", 0, 0.6)]
+    runs, where = spread.figure_runs(records)
+    assert where == ("X", "own") and list(runs) == ["grpo", "gspo", "dapo"]      # ARMS' order, seed 0 only
+    assert spread.figure_runs([spread_record("X", "own", "grpo", 0, 0.6)]) == ({}, None)    # no curve: no figure
+    (tmp_path / "spread.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
+    monkeypatch.setattr(spread, "RESULTS", tmp_path)
+    spread.report()
+    assert (tmp_path / "defaults.png").read_bytes().startswith(b"\x89PNG")
+    assert ("Seed 0 of every script on the X, own kernels, held-out greedy accuracy against step (finals: grpo "
+            "0.600, gspo 0.600, dapo 0.600):") in (tmp_path / "spread.md").read_text()
 
 
 def test_loss_verdicts_read_cispo_against_dapo_and_sapo_against_grpo_and_gspo_by_the_rule():
