@@ -24,7 +24,7 @@ Run it
     python cispo.py --ratio-cap 1.2 --clip-eps-low 0.2    # verl's default two-sided clamp
     python cispo.py --help             # every flag
     python cispo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
-        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # fits a 24 GB GPU
+        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
 compute the old policy's log-probs once, then split the batch into --minibatches and take one optimizer
@@ -33,10 +33,9 @@ ones are off-policy, which is where the cap acts. clip_frac is the share of toke
 (r_it > eps_max, or below the floor): their gradient is scaled down, to eps_max / r_it of the uncapped
 importance-weighted one, not cut as in grpo.py. Metrics go to runs/cispo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.666 and sampled accuracy 0.18 -> 0.62
-(first 1/8 of the 2400 steps -> last 1/10), seed 0, one thread of an AMD EPYC, 0.11 s a step beside another run;
-weights capped on 0.005% of the tokens (`python benchmarks/spread.py --only cispo --seeds 0 --kernels own`). Seeds and
-CPUs move a final by about +-0.04 (benchmarks/results/spread.md).
+What to expect: `python cispo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
+held-out problems from 0.418 to 0.666 in 2400 steps. Seed and CPU move the final; the figures are in
+benchmarks/results/spread.md.
 
 What differs from grpo.py
 - policy_loss: the detached, capped weight on log pi in place of the clipped ratio, so no token loses its

@@ -21,7 +21,7 @@ Run it
     python gspo.py --token-level       # GSPO-token (the same gradient here: advantages are per sequence)
     python gspo.py --help              # every flag
     python gspo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
-        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # fits a 24 GB GPU
+        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
 compute the old policy's log-probs once, then split the batch into --minibatches (4, as in the paper)
@@ -29,9 +29,9 @@ and take one optimizer step on each. With a single on-policy update s_i = 1 exac
 the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
 sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.700 and sampled accuracy 0.17 -> 0.58 (first
-1/8 of the 2400 steps -> last 1/10), seed 0; 28% of tokens clipped, as whole sequences (`python
-benchmarks/compare.py --only defaults --seeds 0`, one thread, AMD EPYC; README.md).
+What to expect: `python gspo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
+held-out problems from 0.418 to 0.700 in 2400 steps. Seed and CPU move the final; the figures are in
+benchmarks/results/spread.md.
 
 What differs from grpo.py
 - policy_loss: the sequence ratio s_i and sequence clipping with eps_low 3e-4 / eps_high 4e-4;

@@ -25,7 +25,7 @@ Run it
     python sapo.py --tau-neg 3         # a gate that closes sooner on below-average completions
     python sapo.py --help              # every flag
     python sapo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
-        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # fits a 24 GB GPU
+        --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
 compute the old policy's log-probs once, then split the batch into --minibatches and take one optimizer
@@ -34,10 +34,9 @@ where the gate acts. clip_frac is the share of tokens whose gate weight f'(r_it)
 at least halved; none is ever zeroed), gate_weight_mean the mean f'(r_it) over the completions' tokens.
 Metrics go to runs/sapo-<task>-<date>-<time>/metrics.jsonl.
 
-What to expect: greedy accuracy on the 500 held-out problems 0.418 -> 0.728 and sampled accuracy 0.18 -> 0.63
-(first 1/8 of the 2400 steps -> last 1/10), seed 0, one thread of an AMD EPYC, 0.11 s a step beside another run;
-gate weight below 1/2 on 0.03% of the tokens, 0.998 on average (`python benchmarks/spread.py --only sapo --seeds 0
---kernels own`). Seeds and CPUs move a final by about +-0.04 (benchmarks/results/spread.md).
+What to expect: `python sapo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
+held-out problems from 0.418 to 0.728 in 2400 steps. Seed and CPU move the final; the figures are in
+benchmarks/results/spread.md.
 
 What differs from grpo.py
 - policy_loss: the gate f(r_it; tau_it) in place of the clipped ratio, tau by the sign of A_i; clip_frac
