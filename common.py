@@ -65,17 +65,24 @@ def check(ok, message):
         raise UsageError(message)
 
 
+# The other files of extras/ that a module of it imports when it is imported (tests/test_errors.py holds this to them).
+EXTRAS_NEEDS = {"hf_models": ["hf_routing", "rewards"]}
+
+
 def side_module(name, flag):
     """extras/<name>.py, imported when `flag` asks for it. A copy of a script with only common.py and moe_model.py (all
-    the toy needs) says in one line which file the flag needs, not with a traceback."""
+    the toy needs) says in one line every file the flag needs that it lacks, not with a traceback."""
     try:
         return importlib.import_module(f"extras.{name}")
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("extras"):
             raise                                                   # a package missing: its own message says which
-        missing = "extras/__init__.py" if e.name == "extras" else f"{e.name.replace('.', '/')}.py"
-        raise UsageError(f"{flag} needs {missing} beside common.py (extras/__init__.py lists what each file of "
-                         f"extras/ is for); copy it from the project") from None
+        here = Path(__file__).resolve().parent
+        needed = ["extras/__init__.py"] + [f"extras/{m}.py" for m in [name, *EXTRAS_NEEDS.get(name, [])]]
+        missing = [f for f in needed if not (here / f).is_file()] or [
+            "extras/__init__.py" if e.name == "extras" else f"{e.name.replace('.', '/')}.py"]
+        raise UsageError(f"{flag} needs {listed(missing)} beside common.py (extras/__init__.py lists what each file of "
+                         f"extras/ is for); copy {'them' if len(missing) > 1 else 'it'} from the project") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,12 +571,14 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
     them) reaches `target`, and returns that average. A fixed number of steps would stop on a steep,
     jagged part of the learning curve, where a CPU's rounding or the seed moves the base by 0.2; the
     average climbs smoothly (~0.01 a step), so every machine and seed stops at 0.40-0.42. Cached on
-    disk keyed by every setting, so only the first run pays for it (on 2 CPU cores, benchmarks/results/bases.md:
-    5 s for `add`, 46 s for `chain` at its default length, 146 s at 100 tokens).
-    Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
+    disk keyed by every setting and by the CPU kernels in use (ATEN_CPU_CAPABILITY: other kernels sum in another
+    order, so a run on AVX2's starts from a base built on them, as on a CPU that has no more), so only the first run
+    pays for it (on 2 CPU cores, benchmarks/results/bases.md: 5 s for `add`, 46 s for `chain` at its default length,
+    146 s at 100 tokens). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
     key = json.dumps([dataclasses.asdict(cfg), target, batch_size, lr, ema, aux_coef, seed, max_steps,
                       task.ramble_share, world.max_new_tokens if task.ramble else None,
-                      [(p.tolist(), a) for p, a in world.train[:50]], len(world.train), len(world.eval)])
+                      [(p.tolist(), a) for p, a in world.train[:50]], len(world.train), len(world.eval),
+                      torch.backends.cpu.get_cpu_capability()])
     cache_dir = Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "llm-rl-reference"))
     path = cache_dir / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     model = MoETransformer(cfg)
@@ -790,12 +799,15 @@ def arg(default, help):
 
 def parse_args(cls, doc, argv=None):
     """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`,
-    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`."""
+    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`. The arguments keep
+    the names of the settings given on the command line in `given` (--resume goes on to the run's own --steps unless
+    --steps is given again)."""
     script = Path(sys.argv[0]).name
     summary = "\n\n".join(doc.split("\n\n")[:2])      # the title and what it is; the rest of the guide is in the file
     parser = Parser(description=f"{summary}\n\nThe formula, how to run it and what to expect: the docstring at the top "
                                 f"of {script}.", formatter_class=argparse.RawDescriptionHelpFormatter,
-                    allow_abbrev=False)                           # --step 3 is a typo, not --steps 3
+                    allow_abbrev=False,                           # --step 3 is a typo, not --steps 3
+                    argument_default=argparse.SUPPRESS)           # a setting not given: the dataclass's default
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag, kind, help = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
@@ -808,8 +820,11 @@ def parse_args(cls, doc, argv=None):
         if typing.get_origin(kind) is typing.Union:  # Optional[int] -> int
             kind = next(t for t in typing.get_args(kind) if t is not type(None))
         shown = "" if "default" in help else f" (default: {f.default})"  # a help text may say it better
-        parser.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help + shown)
-    return cls(**vars(parser.parse_args(argv)))
+        parser.add_argument(flag, dest=f.name, type=kind, help=help + shown)
+    given = vars(parser.parse_args(argv))
+    args = cls(**given)
+    args.given = set(given)
+    return args
 
 
 class Parser(argparse.ArgumentParser):
@@ -825,6 +840,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+TOY_LR, MODEL_LR = 1e-4, 1e-6   # --lr's defaults, on the toy and with --model
+
+
 def check_common_args(args, min_group_size=2):
     """Checks shared by every script (each script checks its own hyperparameters too), and the defaults that follow
     the model (--lr)."""
@@ -838,7 +856,7 @@ def check_common_args(args, min_group_size=2):
     # The learning rate follows the model: the toy learns at 1e-4; a pretrained model breaks there (SmolLM2-135M at
     # 1e-4: benchmarks/results/real.md's lr study), so with --model the GRPO paper's (and TRL's) 1e-6.
     if args.lr is None:
-        args.lr = 1e-4 if args.model is None else 1e-6
+        args.lr = TOY_LR if args.model is None else MODEL_LR
     if getattr(args, "critic_lr", 0) is None:  # ppo.py's critic learns at the policy's rate unless told otherwise
         args.critic_lr = args.lr
     check(args.lr > 0, f"--lr must be positive, got {args.lr}")
@@ -866,29 +884,24 @@ def check_common_args(args, min_group_size=2):
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
     check(args.dtype in ("auto", "bf16", "fp32"), f"unknown --dtype {args.dtype!r}; use auto, bf16 or fp32")
-    if args.resume:           # before the model is built: a mistyped folder should not cost a warm start first
-        check(Path(args.resume).is_dir(), f"--resume {args.resume}: no such folder")
-        check((Path(args.resume) / "checkpoint.pt").is_file(),
-              f"--resume {args.resume}: no checkpoint.pt in that folder (to start a run there afresh: --out "
-              f"{args.resume})")
+    if not (args.print_verl or args.print_trl or args.export_verl_data):    # those write no run
+        check_run_folder(args)
     set_threads(args)
-
-
-# torch's thread count as the process started: every physical core, unless the program set another before
-TORCH_THREADS = torch.get_num_threads()
 
 
 def set_threads(args):
     """CPU threads follow the model, as --lr does. The first of: --threads; OMP_NUM_THREADS; else one on the toy (its
     matrices are too small to share: two threads spin waiting for each other, slower alone and many times slower
-    beside any other busy process; benchmarks/results/speed.md) and torch's count as the process started, every core,
-    with --model (its matrices fill them). A program that calls main() passes --threads: the run sets torch's count."""
+    beside any other busy process; benchmarks/results/speed.md) and with --model torch's default, every core (its
+    matrices fill them). That default is read when the run starts, from get_num_interop_threads, which
+    torch.set_num_threads never changes: a program's imports and its calls of set_num_threads, in whatever order,
+    leave a run's count alone (--threads is how a program chooses). The run sets torch's count."""
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if args.threads is None and omp:
         check(omp.isdigit() and int(omp) > 0, f"OMP_NUM_THREADS must be a positive count, got {omp!r}")
         args.threads = int(omp)
     elif args.threads is None:
-        args.threads = 1 if args.model is None else TORCH_THREADS
+        args.threads = 1 if args.model is None else torch.get_num_interop_threads()
     check(args.threads > 0, f"--threads must be positive, got {args.threads}")
     torch.set_num_threads(args.threads)
 
@@ -934,10 +947,77 @@ class RunStopped(Exception):
     printed, exit code 1."""
 
 
-# Settings a resumed run may change; any other difference from the checkpoint's is refused.
+# Settings a resumed run may change when given again; any other difference from the checkpoint's is refused.
 RESUMABLE = {"steps", "out", "resume", "device", "threads", "dtype", "eval_every", "save_every",
              "gradient_checkpointing", "merge_lora"}
 MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss or gradient
+
+
+def check_run_folder(args):
+    """--out and --resume, checked before anything is built or printed, so that a refusal is the run's one line. A
+    resumed run's checkpoint and metrics must be readable. It continues the run with that run's own settings, --steps
+    included, but for those given again: any of RESUMABLE, others only as they were. Where it runs is this run's:
+    --out, --threads."""
+    if not args.resume:
+        check(not args.out or not (Path(args.out) / "checkpoint.pt").exists(),
+              f"--out {args.out} already holds a run; continue it with --resume {args.out}, or choose another folder "
+              f"(without --out, every run gets a new one)")
+        return
+    where = f"--resume {args.resume}"
+    check(Path(args.resume).is_dir(), f"{where}: no such folder")
+    check((Path(args.resume) / "checkpoint.pt").is_file(),
+          f"{where}: no checkpoint.pt in that folder (to start a run there afresh: --out {args.resume})")
+    check(not args.out or Path(args.out) == Path(args.resume),
+          "--resume DIR continues in DIR; leave out --out (or give the same folder)")
+    checkpoint = read_checkpoint(args, mmap=True)                   # mmap: the settings, not the weights, are read
+    # A setting newer than the checkpoint (--lora-r, say) is missing from its args: that run had its default.
+    saved = {f.name: f.default for f in dataclasses.fields(args)} | checkpoint["args"]
+    given = getattr(args, "given", saved)            # parse_args says what was given; Args built in a program: all
+    for name in {f.name for f in dataclasses.fields(args)} - set(given) - {"out", "resume", "threads"}:
+        setattr(args, name, saved[name])
+    differ = [f"--{k.replace('_', '-')} {saved[k]} in the checkpoint, {v} now"
+              for k, v in dataclasses.asdict(args).items() if k not in RESUMABLE and saved[k] != v]
+    check(not differ, f"{where}: settings differ from the checkpoint's: " + "; ".join(differ))
+    read_run_metrics(args)
+    check(checkpoint["step"] < args.steps, f"{where}: the checkpoint is at step {checkpoint['step']} already (--steps "
+                                           f"{args.steps}); give a larger --steps to train on")
+
+
+def read_checkpoint(args, mmap=False):
+    """--resume DIR's checkpoint.pt, refused in one line unless this script wrote it."""
+    where = f"--resume {args.resume}"
+    try:  # weights_only: a checkpoint is data, never code to run
+        checkpoint = torch.load(Path(args.resume) / "checkpoint.pt", map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:
+        raise UsageError(f"{where}: cannot read checkpoint.pt ({(str(e).splitlines() or [type(e).__name__])[0]})") \
+            from None
+    check(isinstance(checkpoint, dict) and "algorithm" in checkpoint, f"{where}: checkpoint.pt is not one of ours")
+    algorithm = Path(inspect.getfile(type(args))).stem               # the script whose Args these are
+    check(checkpoint["algorithm"] == algorithm,
+          f"{where}: the checkpoint is from {checkpoint['algorithm']}.py, not {algorithm}.py")
+    return checkpoint
+
+
+def read_run_metrics(args, quiet=False):
+    """The rows of --resume DIR's metrics.jsonl, refused in one line unless they are JSON rows with a step. A last line
+    cut off while it was written (a killed process) is dropped, with a note unless quiet."""
+    where, path = f"--resume {args.resume}", Path(args.resume) / "metrics.jsonl"
+    check(path.is_file(), f"{where}: no metrics.jsonl in that folder")
+    # A row is written with its newline: text after the last newline is a row cut off by a killed process.
+    *lines, torn = path.read_text().split("\n")
+    try:
+        rows = [json.loads(line) for line in lines]
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where}: metrics.jsonl is not valid JSON lines ({e.msg})") from None
+    if torn:
+        try:
+            rows.append(json.loads(torn))  # whole, only its newline missing
+        except json.JSONDecodeError:
+            if not quiet:
+                print(f"note: dropped the last line of metrics.jsonl, cut off while it was written: {torn[:60]!r}",
+                      file=sys.stderr)
+    check(rows and all(isinstance(r, dict) and "step" in r for r in rows), f"{where}: metrics.jsonl has no steps")
+    return rows
 
 
 def new_run_folder(algorithm, args):
@@ -978,13 +1058,12 @@ class Run:
     `state` maps names to everything with a state_dict (policy, optimizer, a critic...); the first
     entry is the policy. A checkpoint holds those, the step, every random generator's state and the
     arguments; it is written to a temporary file and renamed, so a crash never leaves half of one.
-    Ctrl-C or SIGTERM finishes the current step, saves, exports, and stops; a second one stops at once."""
+    Ctrl-C or SIGTERM finishes the current step, saves, exports, and stops; a second one stops at once. The run's
+    folder was checked before anything was built (check_common_args: check_run_folder)."""
 
     def __init__(self, algorithm, args, world, state):
         self.algorithm, self.args, self.world, self.state = algorithm, args, world, state
         self.policy = next(iter(state.values()))
-        check(not (args.resume and args.out and Path(args.out) != Path(args.resume)),
-              "--resume DIR continues in DIR; leave out --out (or give the same folder)")
         self.out = Path(args.resume or args.out or new_run_folder(algorithm, args))
         self.metrics_path, self.checkpoint_path = self.out / "metrics.jsonl", self.out / "checkpoint.pt"
         self.correct_path = self.out / "eval_correct.jsonl"
@@ -992,16 +1071,13 @@ class Run:
         self.eval_batch = args.prompts_per_step * args.group_size     # no larger than a rollout batch
         if args.resume:
             self.start = self.load()
-            self.history = [r for r in self.read_metrics() if r["step"] <= self.start]  # drop steps after it
+            self.history = [r for r in read_run_metrics(args, quiet=True) if r["step"] <= self.start]  # drop later
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             correct = self.correct_path.read_text().splitlines() if self.correct_path.exists() else []
             self.correct_path.write_text("".join(line + "\n" for line in correct if line.endswith("}")  # not torn
                                              and json.loads(line)["step"] <= self.start))
-            print(f"resuming {self.checkpoint_path} at step {self.start}")
+            print(f"resuming {self.checkpoint_path} at step {self.start}, on to step {args.steps}")
         else:
-            check(not self.checkpoint_path.exists(),
-                  f"--out {self.out} already holds a run; continue it with --resume {self.out}, or choose another "
-                  f"folder (without --out, every run gets a new one)")
             if self.metrics_path.exists():  # a run that stopped before its first checkpoint: nothing to resume
                 rows = len(self.metrics_path.read_text().splitlines())
                 print(f"note: {self.out} holds no checkpoint.pt, so no run to continue; its metrics.jsonl ({rows} "
@@ -1016,8 +1092,6 @@ class Run:
                   f"{self.history[0]['eval_accuracy']:.3f}; metrics go to {self.metrics_path}")
 
     def steps(self):
-        check(self.start < self.args.steps, f"--resume: the checkpoint is at step {self.start} already; "
-                                            f"give a larger --steps to train on")
         # Ctrl-C and SIGTERM (how clusters stop a job: preemption, time limits) finish the step and save.
         previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -1029,8 +1103,8 @@ class Run:
                     exported = self.save(step, final=True)
                     self.bar.close()
                     print(f"{signal.Signals(self.stop_signal).name}: saved step {step} to "
-                          f"{listed([self.checkpoint_path, *exported])}; continue with --resume {self.out}",
-                          file=sys.stderr)
+                          f"{listed([self.checkpoint_path, *exported])}; continue with --resume {self.out} (on to "
+                          f"step {self.args.steps}; add --steps N to end elsewhere)", file=sys.stderr)
                     raise SystemExit(128 + self.stop_signal)           # the shell's code for death by signal
         finally:
             for s, handler in previous.items():
@@ -1111,42 +1185,13 @@ class Run:
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
 
-    def read_metrics(self):
-        where = f"--resume {self.args.resume}"
-        check(self.metrics_path.is_file(), f"{where}: no metrics.jsonl in that folder")
-        # A row is written with its newline: text after the last newline is a row cut off by a killed process.
-        *lines, torn = self.metrics_path.read_text().split("\n")
-        try:
-            rows = [json.loads(line) for line in lines]
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: metrics.jsonl is not valid JSON lines ({e.msg})") from None
-        if torn:
-            try:
-                rows.append(json.loads(torn))  # whole, only its newline missing
-            except json.JSONDecodeError:
-                print(f"note: dropped the last line of metrics.jsonl, cut off while it was written: {torn[:60]!r}",
-                      file=sys.stderr)
-        check(rows and all(isinstance(r, dict) and "step" in r for r in rows), f"{where}: metrics.jsonl has no steps")
-        return rows
-
     def load(self):
-        where = f"--resume {self.args.resume}"         # check_common_args saw that it has a checkpoint.pt
-        try:  # weights_only: a checkpoint is data, never code to run
-            checkpoint = torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UsageError(f"{where}: cannot read checkpoint.pt ({str(e).splitlines()[0]})") from None
-        check(isinstance(checkpoint, dict) and "algorithm" in checkpoint, f"{where}: checkpoint.pt is not one of ours")
-        check(checkpoint["algorithm"] == self.algorithm,
-              f"{where}: the checkpoint is from {checkpoint['algorithm']}.py, not {self.algorithm}.py")
-        # A setting newer than the checkpoint (--lora-r, say) is missing from its args: that run had its default.
-        saved = {f.name: f.default for f in dataclasses.fields(self.args)} | checkpoint["args"]
-        differ = [f"--{k.replace('_', '-')} {saved[k]} in the checkpoint, {v} now"
-                  for k, v in dataclasses.asdict(self.args).items() if k not in RESUMABLE and saved[k] != v]
-        check(not differ, f"{where}: settings differ from the checkpoint's: " + "; ".join(differ))
+        """The checkpoint's state into the policy, the optimizer... and torch's generators; its step."""
+        checkpoint = read_checkpoint(self.args)                    # check_run_folder saw that it fits
         for name, obj in self.state.items():
             if is_lora(obj):  # only the trained tensors are in the checkpoint; the base is --model's, loaded again
-                check(set(checkpoint[name]) == set(saved_state(obj)), f"{where}: the adapters in checkpoint.pt do not "
-                                                                      f"fit this model's")
+                check(set(checkpoint[name]) == set(saved_state(obj)), f"--resume {self.args.resume}: the adapters in "
+                                                                      f"checkpoint.pt do not fit this model's")
                 obj.load_state_dict(checkpoint[name], strict=False)
             else:
                 obj.load_state_dict(checkpoint[name])

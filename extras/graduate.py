@@ -12,7 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent   # where common.py is: the printe
 
 
 def graduate(algorithm, args):
-    """Print this run's settings as a verl command or TRL code, or write --data as verl's parquet files; no training."""
+    """Print this run's settings as a verl command or TRL code, or write --data as verl's parquet files; no training.
+    Without --model the printed run is still a pretrained model's (MODEL): its learning rate is --model's default,
+    not the toy's, unless --lr is given."""
+    if args.model is None and args.lr is None:
+        args.lr = common.MODEL_LR
     common.check_common_args(args, min_group_size=1 if algorithm == "ppo" else 2)
     if args.export_verl_data:
         export_verl_data(args)
@@ -20,6 +24,20 @@ def graduate(algorithm, args):
         print(verl_command(algorithm, args))
     if args.print_trl:
         print(trl_code(algorithm, args))
+
+
+def lacking(modules):
+    """A comment naming the files of extras/ among `modules` that this copy lacks beside common.py, or none."""
+    missing = [f"extras/{name}.py" for name in modules if not (ROOT / "extras" / f"{name}.py").is_file()]
+    return [f"# this copy lacks {common.listed(missing)}, which the code below needs: copy "
+            f"{'them' if len(missing) > 1 else 'it'} from the project beside common.py"] if missing else []
+
+
+def model_lr_note(args):
+    """Without --model or --lr: a comment saying which learning rate is printed, and why not the toy's."""
+    rate = lambda lr: f"{lr:.0e}".replace("e-0", "e-")                # 1e-06 -> 1e-6
+    return [] if args.model or args.lr != common.MODEL_LR else [f"# the learning rate is {rate(args.lr)}, --model's default; the toy's "
+                                  f"{rate(common.TOY_LR)} would break a pretrained model"]
 
 
 def verl_data_paths(args):
@@ -139,8 +157,10 @@ def verl_command(algorithm, args):
     if args.data or args.reward:
         head.append(f"# run from {ROOT}: the reward (extras/graduate.py's verl_reward) imports common.py "
                     f"from there")
+    if args.data or args.reward:                          # verl_reward scores with extras/rewards.py
+        head += lacking(["rewards"])
     overrides = verl_overrides(algorithm, args)
-    notes = [line for line in overrides if line.startswith("#")]
+    notes = model_lr_note(args) + [line for line in overrides if line.startswith("#")]
     keys = [line for line in overrides if not line.startswith("#")]
     return "\n".join(head + notes + ["python3 -m verl.trainer.main_ppo \\"] +
                      [f"    {key} \\" for key in keys[:-1]] + [f"    {keys[-1]}"])
@@ -227,7 +247,10 @@ def trl_code(algorithm, args):
         buffer = args.overlong_buffer or max(1, kwargs["max_completion_length"] // 4)
         rewards.append(f"get_soft_overlong_punishment({kwargs['max_completion_length']}, {buffer})")
     model = args.model or "MODEL"
-    lines = notes + [
+    # trl_reward scores with extras/rewards.py; --data's rows are read and split by extras/hf_models.py (which imports
+    # hf_routing.py and rewards.py)
+    needs = ["rewards"] + (["hf_models", *common.EXTRAS_NEEDS["hf_models"]] if args.data else [])
+    lines = lacking(dict.fromkeys(needs)) + model_lr_note(args) + notes + [
         f"# run from {ROOT}, where common.py and extras/ are",
         "import torch",
         "from datasets import Dataset",
@@ -236,7 +259,7 @@ def trl_code(algorithm, args):
         *(["from trl.rewards import get_soft_overlong_punishment"] if len(rewards) > 1 else []),
         *(["from peft import LoraConfig"] if args.lora_r else []),
         "import common",
-        "from extras import graduate, hf_models",
+        f"from extras import graduate{', hf_models' if args.data else ''}",
         "",
         "gpu = torch.cuda.is_available()  # bf16 autocast on a GPU, else fp32 (the scripts: bf16 where a CPU has it)",
         "config = GRPOConfig(",

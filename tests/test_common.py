@@ -317,7 +317,7 @@ def test_threads_follow_the_model_and_the_user_s_choice_wins(monkeypatch):
         common.check_common_args(args)
         assert torch.get_num_threads() == args.threads                  # and torch uses them
         return args.threads
-    monkeypatch.setattr(common, "TORCH_THREADS", 4)                     # torch's own default: every core, say 4
+    monkeypatch.setattr(torch, "get_num_interop_threads", lambda: 4)   # torch's own default: every core, say 4
     monkeypatch.delenv("OMP_NUM_THREADS")
     try:
         assert threads() == 1                                           # the toy: one
@@ -329,6 +329,23 @@ def test_threads_follow_the_model_and_the_user_s_choice_wins(monkeypatch):
         assert threads() == 2 and threads("--model", "m", "--data", "d") == 2 and threads("--threads", "1") == 1
     finally:
         torch.set_num_threads(1)
+
+
+def test_a_model_run_s_threads_do_not_depend_on_when_a_program_sets_torch_s(tmp_path):
+    # A program that sets torch's count before importing a script, and one that sets it after: each in a process of
+    # its own, as a user's shell has it (no OMP_NUM_THREADS). --model gets torch's default, every core, in both; the
+    # program's count (the default + 1, whatever this machine has) in neither.
+    resolve = ("args = common.parse_args(grpo.Args, '', ['--model', 'm', '--data', 'd']); "
+               "common.check_common_args(args); print(default, args.threads, torch.get_num_threads())")
+    first = "import torch; default = torch.get_num_threads(); torch.set_num_threads(default + 1); import common, grpo; "
+    after = "import torch, common, grpo; default = torch.get_num_threads(); torch.set_num_threads(default + 1); "
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    runs = [subprocess.Popen([sys.executable, "-c", code + resolve], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for code in (first, after)]
+    printed = [run.communicate() for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err for _, err in printed]
+    (default, *threads), (default_too, *threads_too) = (out.split() for out, _ in printed)
+    assert default == default_too and threads == threads_too == [default, default]
 
 
 @pytest.mark.parametrize("device, model, native, kernels, dtype, bf16", [

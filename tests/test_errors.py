@@ -1,5 +1,6 @@
 """Bad input gets one clear line on stderr and exit code 2, never a traceback; a reward file that Python would
 import is not refused."""
+import ast
 import importlib
 import json
 import os
@@ -119,39 +120,68 @@ def test_resume_from_a_folder_without_a_checkpoint_says_so_before_building_anyth
     assert code == 2 and err.startswith(f"error: --resume {tmp_path}: no checkpoint.pt in that folder")
 
 
-def test_a_copy_of_a_script_for_the_toy_names_the_file_a_flag_needs(tmp_path):
+def test_a_copy_of_a_script_for_the_toy_names_every_file_a_flag_needs_at_once(tmp_path):
     for name in ("grpo.py", "common.py", "moe_model.py"):                 # all the toy needs
         shutil.copy(ROOT / name, tmp_path)
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')
     env = dict(os.environ, PYTHONPATH="")
-    for flags, file in [(["--reward", "r.py:f"], "extras/__init__.py"), (["--model", "m", "--data", "data.jsonl"],
-                        "extras/__init__.py"), (["--print-trl"], "extras/__init__.py")]:
+    model = "extras/__init__.py, extras/hf_models.py, extras/hf_routing.py and extras/rewards.py"
+    for flags, files in [(["--reward", "r.py:f"], "extras/__init__.py and extras/rewards.py"),
+                         (["--model", "m", "--data", "data.jsonl"], model),
+                         (["--print-trl"], "extras/__init__.py and extras/graduate.py")]:
         out = subprocess.run([sys.executable, "grpo.py", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert (out.returncode, out.stderr) == (2, f"error: {flags[0]} needs {file} beside common.py (extras/__init__.py "
-                                                   f"lists what each file of extras/ is for); copy it from the project\n")
+        assert (out.returncode, out.stderr) == (2, f"error: {flags[0]} needs {files} beside common.py "
+                                                   f"(extras/__init__.py lists what each file of extras/ is for); copy "
+                                                   f"them from the project\n")
     (tmp_path / "extras").mkdir()
     shutil.copy(ROOT / "extras" / "__init__.py", tmp_path / "extras")
     out = subprocess.run([sys.executable, "grpo.py", "--print-verl"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
-    assert out.returncode == 2 and out.stderr.startswith("error: --print-verl needs extras/graduate.py beside common.py")
+    assert (out.returncode, out.stderr) == (2, "error: --print-verl needs extras/graduate.py beside common.py "
+                                               "(extras/__init__.py lists what each file of extras/ is for); copy it "
+                                               "from the project\n")
+
+
+def test_the_files_each_module_of_extras_needs_are_the_ones_it_imports():
+    # common.EXTRAS_NEEDS names them in a copy's error: the modules of extras/ each one imports when it is imported.
+    for path in (ROOT / "extras").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = [alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "extras"
+                    for alias in node.names]
+        imported += [node.module.split(".")[1] for node in tree.body if isinstance(node, ast.ImportFrom)
+                     and (node.module or "").startswith("extras.")]
+        assert sorted(imported) == sorted(common.EXTRAS_NEEDS.get(path.stem, [])), path.name
+    assert common.EXTRAS_NEEDS["hf_models"] == ["hf_routing", "rewards"]        # the check above reads something
 
 
 def test_a_copy_with_graduate_py_prints_both_frameworks_without_the_real_model_files(tmp_path):
     # README's copy list: grpo.py, common.py, moe_model.py, extras/__init__.py and graduate.py. --print-verl and
-    # --print-trl need nothing more, with --model and --data too; --export-verl-data reads --data, so it names the
-    # file that does, in one line.
+    # --print-trl need nothing more, with --model and --data too; what they print says which files it needs that the
+    # copy lacks, and imports only those it needs. --export-verl-data reads --data, so it names the file that does, in
+    # one line.
     for name in ("grpo.py", "common.py", "moe_model.py", "extras/__init__.py", "extras/graduate.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     env = dict(os.environ, PYTHONPATH="")
-    for flags, printed in [(["--print-verl"], "python3 -m verl.trainer.main_ppo"),
-                           (["--model", "m", "--data", "data.jsonl", "--print-trl"], "config = GRPOConfig(")]:
-        out = subprocess.run([sys.executable, "grpo.py", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert (out.returncode, out.stderr) == (0, "") and printed in out.stdout, flags
+    lacks = "# this copy lacks {}, which the code below needs: copy {} from the project beside common.py\n"
+    for flags, verl, trl in [([], "python3 -m verl.trainer.main_ppo", lacks.format("extras/rewards.py", "it")),
+                             (["--model", "m", "--data", "data.jsonl"], lacks.format("extras/rewards.py", "it"),
+                              lacks.format("extras/rewards.py, extras/hf_models.py and extras/hf_routing.py", "them"))]:
+        out = subprocess.run([sys.executable, "grpo.py", *flags, "--print-verl", "--print-trl"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)                # the command, then the program
+        assert (out.returncode, out.stderr) == (0, "") and out.stdout.count("lacks") == (2 if flags else 1), flags
+        lines = out.stdout.splitlines(keepends=True)     # the command: from main_ppo to its first line without a \\
+        start = next(i for i, line in enumerate(lines) if "main_ppo" in line)
+        end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\\n"))
+        command, program = "".join(lines[:end + 1]), "".join(lines[end + 1:])
+        assert verl in command and program.startswith(trl), flags
+        assert ("from extras import graduate, hf_models\n" in program) == bool(flags)
+        assert ("from extras import graduate\n" in program) == (not flags)
     out = subprocess.run([sys.executable, "grpo.py", "--model", "m", "--data", "data.jsonl", "--export-verl-data", "v"],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert (out.returncode, out.stderr) == (2, "error: --export-verl-data needs extras/hf_models.py beside common.py "
-                                               "(extras/__init__.py lists what each file of extras/ is for); copy it "
+    assert (out.returncode, out.stderr) == (2, "error: --export-verl-data needs extras/hf_models.py, "
+                                               "extras/hf_routing.py and extras/rewards.py beside common.py "
+                                               "(extras/__init__.py lists what each file of extras/ is for); copy them "
                                                "from the project\n")
 
 

@@ -311,6 +311,26 @@ def test_a_changed_flag_changes_the_printed_value(capsys):
     assert "sapo_temperature_neg=2.5," in printed(sapo, ["--tau-neg", "2.5"], capsys, "--print-trl")
 
 
+def test_on_the_toy_the_printed_rate_is_a_pretrained_model_s_unless_given(capsys):
+    # The printed run trains MODEL, a pretrained model: --model's default rate, said so, not the toy's 1e-4.
+    note = "# the learning rate is 1e-6, --model's default; the toy's 1e-4 would break a pretrained model\n"
+    for what, key in (("--print-trl", "    learning_rate={},\n"), ("--print-verl", "actor.optim.lr={} \\\n")):
+        grpo.main([what])
+        toy = capsys.readouterr().out
+        assert toy.startswith(note) and key.format(1e-06) in toy and "0.0001" not in toy
+        grpo.main([what, "--lr", "3e-05"])                              # given: the user's, with no note
+        given = capsys.readouterr().out
+        assert key.format(3e-05) in given and "learning rate is" not in given
+    ppo.main(["--print-verl"])
+    assert "critic.optim.lr=1e-06 \\\n" in capsys.readouterr().out     # the critic's follows the policy's
+    # With --model: its rate, no note; a complete copy lacks no file, and only --data's program reads with hf_models.
+    for flags in ([], ["--data", "d.jsonl"]):
+        grpo.main(["--model", "m", *flags, "--print-trl", "--print-verl"])
+        text = capsys.readouterr().out
+        assert "learning_rate=1e-06," in text and "learning rate is" not in text and "lacks" not in text
+        assert ("from extras import graduate, hf_models\n" in text) == bool(flags)
+
+
 def test_what_verl_lacks_is_a_comment_never_a_key(capsys):
     text = printed(grpo, ["--routing-replay"], capsys)
     assert "# --routing-replay: verl replays experts only in its Megatron and VeOmni engines" in text

@@ -59,10 +59,27 @@ def test_ctrl_c_saves_after_the_step_and_resume_continues_exactly(tmp_path, monk
 
     monkeypatch.setattr(common, "generate", lambda *a, **kw: generate_then_ctrl_c(*a, **kw))
     code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--out", str(tmp_path / "cut")], capsys)
-    assert code == 130 and "SIGINT: saved step 2" in err and "--resume" in err
+    assert code == 130 and "SIGINT: saved step 2" in err
+    assert err.endswith(f"; continue with --resume {tmp_path / 'cut'} (on to step 4; add --steps N to end elsewhere)\n")
     monkeypatch.setattr(common, "generate", real_generate)
-    run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(tmp_path / "cut")])
-    assert read_metrics(tmp_path / "cut", timings=False) == read_metrics(tmp_path / "long", timings=False)
+    # What the hint says, and nothing else: the run's own settings, --steps 4 among them, not the script's defaults.
+    args = common.parse_args(grpo.Args, "", ["--resume", str(tmp_path / "cut")])
+    common.check_common_args(args)
+    assert (args.steps, args.prompts_per_step, args.eval_every) == (4, 4, 2)
+    code, err = run(grpo, ["--resume", str(tmp_path / "cut")], capsys)
+    assert code == 0 and read_metrics(tmp_path / "cut", timings=False) == read_metrics(tmp_path / "long",
+                                                                                       timings=False)
+
+
+def test_a_resume_ends_where_steps_given_again_says(finished, tmp_path, capsys):
+    for name in ("checkpoint.pt", "metrics.jsonl"):                   # a run of 2 steps, stopped at its end
+        (tmp_path / name).write_bytes((finished / name).read_bytes())
+    code, err = run(grpo, ["--resume", str(tmp_path)], capsys)
+    assert (code, err) == (2, f"error: --resume {tmp_path}: the checkpoint is at step 2 already (--steps 2); give a "
+                              f"larger --steps to train on\n")
+    assert run(grpo, ["--resume", str(tmp_path), "--steps", "3"])[0] == 0
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["args"]["steps"] == 3    # its own from now on
 
 
 def test_a_write_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -136,6 +153,27 @@ def finished(tmp_path_factory):
 def test_resume_refuses_what_does_not_fit(finished, extra, message, capsys):
     code, err = run(grpo, TINY_NO_STEPS + ["--steps", "4", "--resume", str(finished)] + extra, capsys)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", ["out elsewhere", "out holds a run", "at its end", "settings differ", "another script",
+                                  "no metrics", "metrics not JSON"])
+def test_a_refused_resume_or_out_is_one_line_before_anything_is_built(case, finished, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "warm_start", lambda *a: pytest.fail("a base was built"))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    checkpoint = torch.load(finished / "checkpoint.pt", weights_only=True)
+    torch.save(checkpoint | ({"algorithm": "gspo"} if case == "another script" else {}), folder / "checkpoint.pt")
+    if case != "no metrics":
+        (folder / "metrics.jsonl").write_text("{oops\n" if case == "metrics not JSON" else
+                                              (finished / "metrics.jsonl").read_text())
+    argv = {"out elsewhere": ["--resume", str(folder), "--steps", "4", "--out", str(tmp_path)],
+            "out holds a run": TINY_NO_STEPS + ["--out", str(folder)],
+            "at its end": ["--resume", str(folder)],
+            "settings differ": ["--resume", str(folder), "--steps", "4", "--lr", "0.001"]}.get(
+        case, ["--resume", str(folder), "--steps", "4"])
+    code, _ = run(grpo, argv)
+    printed = capsys.readouterr()
+    assert code == 2 and printed.out == "" and printed.err.startswith("error: ") and printed.err.count("\n") == 1
 
 
 def test_resume_refuses_a_checkpoint_of_another_algorithm(finished, tmp_path, capsys):
