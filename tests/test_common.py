@@ -365,6 +365,20 @@ def test_bf16_where_the_hardware_computes_it(device, model, native, kernels, dty
     assert common.uses_bf16(grpo.Args(model=model, dtype=dtype), torch.device(device)) == bf16
 
 
+def test_each_cpu_kernel_set_warm_starts_a_base_of_its_own(tmp_path, monkeypatch, capsys):
+    # Other kernels (ATEN_CPU_CAPABILITY=avx2, say) sum in another order: a run on them starts from a base built on
+    # them, as on a CPU that has no more. A tiny warm start of one step, built once a kernel set, then found.
+    monkeypatch.setenv("RL_CACHE_DIR", str(tmp_path))
+    world, cfg = common.toy_world("add", 500, None), MoEConfig(vocab_size=len(common.TOY_VOCAB), d_model=8,
+                                                                n_layers=1, n_experts=2, expert_hidden=8)
+    paths = []
+    for kernels in ("AVX512", "AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: kernels)
+        paths.append(common.warm_start(world, cfg, common.TASKS["add"], max_steps=1)[1])
+    assert paths[0] != paths[1] and paths[2] == paths[0] and sorted(tmp_path.iterdir()) == sorted(paths[:2])
+    assert capsys.readouterr().err.count("note: the warm start reached") == 2       # built twice, found once
+
+
 @pytest.mark.parametrize("kernels", ["avx2", "default"])
 def test_torch_s_avx2_or_plain_kernels_keep_a_real_model_in_fp32(kernels):
     # The kernels torch runs are chosen as it starts: a process of its own, whatever this CPU has.
