@@ -149,26 +149,11 @@ def require(module, why):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Verdicts: one rule for real.md, long.md and benchmarks/README.md
+# Verdicts: one rule, stated in benchmarks/METHODS.md (its section "Verdicts"), which the functions below compute.
+# real.md, study.md and long.md (all in benchmarks/results/) link to it in this line.
 
-RULE = ("**Verdicts.** A claim's verdict is one of four outcomes. *Holds here* / *does not hold here*: the difference "
-        "the claim predicts is more than t standard errors from zero, in its direction / against it. *Inconclusive*: "
-        "within t standard errors (exactly t is within). *Not testable here*: the setting cannot show the mechanism "
-        "(the claim says why). A claim about an algorithm is about its training runs, so a difference between two "
-        "arms has its standard error over seeds, from each arm's per-seed values (a held-out final, which already "
-        "carries its evaluation's noise, or a quantity measured in training): `sqrt(s_A^2 / k_A + s_B^2 / k_B)` for "
-        "k_A and k_B seeds of standard deviations s_A and s_B (against a fixed value, such as the base's greedy "
-        "accuracy, `s_A / sqrt(k_A)`; two quantities of the same runs, such as a critic's explained variance over the "
-        "first and the last quarter of each completion, are paired: A is their per-seed differences, against 0). t is "
-        "Student's t, two-sided 95% (its 0.975 quantile), at Welch's degrees of "
-        "freedom, `(s_A^2 / k_A + s_B^2 / k_B)^2 / ((s_A^2 / k_A)^2 / (k_A - 1) + (s_B^2 / k_B)^2 / (k_B - 1))` (k_A "
-        "- 1 against a fixed value): 12.71 at 1 degree of freedom, 4.30 at 2, 2.78 at 4, 2.31 at 8, so with 2 seeds "
-        "an arm t is 4.3 or more, with 3 2.8 or more, with 5 2.3 or more. Fewer than 2 seeds an arm: no verdict, "
-        "*inconclusive: needs seeds*. Beside it stands the held-out evaluation's own standard error, the share of the "
-        "noise that would remain with the trained models fixed: *paired* where every run of both arms recorded which "
-        "problems it answered right (eval_correct.jsonl), over the same n problems each problem's share of A's runs "
-        "right minus B's, `sqrt(sum (d_i - mean)^2) / n`; else *unpaired*, `sqrt(p_A (1 - p_A) / n + p_B (1 - p_B) / "
-        "n)`.")
+RULE = ("**Verdicts**: one of four outcomes (*holds here*, *does not hold here*, *inconclusive*, *not testable "
+        "here*), by the rule stated in [METHODS.md](../METHODS.md#verdicts).")
 NEEDS_SEEDS = "inconclusive: needs seeds"
 
 # A difference by RULE: its value, its standard error over seeds and their degrees of freedom (0: an arm has one

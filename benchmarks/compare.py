@@ -1,4 +1,4 @@
-"""The study: the four algorithms side by side on the toy MoE, several seeds each.
+"""The study: the six algorithm scripts side by side on the toy MoE, several seeds each.
 
     pip install -r benchmarks/requirements.txt   # matplotlib for the figures (checked at the start)
     python benchmarks/compare.py            # main, length, stress, depth, fine, hf-moe: 72 runs, 56 min on 2 cores
@@ -957,7 +957,7 @@ LOSSES_TEXT = (
     "sequence whose gradient the clip zeroes; cispo, the tokens whose importance weight was capped (their gradient "
     "scaled down, never zeroed); sapo, the tokens whose gate weight f'(r) is below 1/2 (their gradient at least "
     "halved, never zeroed; *gate weight, mean* says how much it damps on average). The claims and how each is read "
-    "were fixed before the runs (the verdicts below; bench.RULE, as in long.md): the losses-stress experiment is "
+    "were fixed before the runs (the verdicts below, by the rule of METHODS.md): the losses-stress experiment is "
     "the stress experiment's 16 minibatches with cispo and sapo, the losses-lr experiment the lr experiment's "
     "multiples on the toy MoE with them; a run *fell* as in the lr experiment.")
 LOSS_CLAIMS = (
@@ -1028,6 +1028,16 @@ def loss_verdicts(losses, stress, lr, steps, n):
             for claim, results in found.items()]
 
 
+OLD_RULE = re.compile(r"\*\*Verdicts\.\*\* A claim's verdict is one of four outcomes\..*?/ n\)`\.")
+
+
+def restated(line):
+    """A line of a kept table's text in the words this file writes now: the verdict rule, once copied whole, as
+    bench.RULE's link; the losses' paragraph as LOSSES_TEXT."""
+    line = OLD_RULE.sub(lambda _: bench.RULE, line)
+    return LOSSES_TEXT if line.startswith(LOSSES_TEXT[:80]) else line
+
+
 def old_sections(path):
     """{experiment: its section of an existing study.md}, kept for experiments with no runs here."""
     sections, name = {}, None
@@ -1035,7 +1045,7 @@ def old_sections(path):
         if line.startswith("## "):
             name = line[3:].split(":")[0]
         if name:
-            sections.setdefault(name, []).append(line)
+            sections.setdefault(name, []).append(restated(line))
     return sections
 
 
@@ -1047,12 +1057,16 @@ def report(seeds, quick):
              f"Regenerate: `python benchmarks/compare.py{' --quick' if quick else ''}` (mean ± std over seeds, "
              f"each run on one CPU thread, two runs at a time) and `python benchmarks/compare.py --only defaults "
              f"--seeds 0` (each script as `python <script>` runs it, on one thread, two at a time). \"start\" is the "
-             f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps.", ""]
+             f"first 1/8 of the steps, \"end\" the last 1/10; the other per-step columns are means over all steps. "
+             f"How the study is run and read: [METHODS.md](../METHODS.md#the-toy-study).", ""]
     kept = old_sections(results / "study.md")
     for name in EXPERIMENTS:
         runs = collect(name, seeds, quick)
         if not any(runs.values()):
             kept_lines = kept.get(name, [])   # its runs are elsewhere: the table they made stays as it was
+            if name == "long" and (results / "long.md").exists():       # long.md likewise, in today's words
+                old = (results / "long.md").read_text()
+                bench.write(results / "long.md", "\n".join(map(restated, old.split("\n"))))
             lines += kept_lines + ([""] if kept_lines and kept_lines[-1] else [])
             continue
         if name == "long":

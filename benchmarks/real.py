@@ -10,7 +10,7 @@ Each arm is one of the algorithm scripts run as a user would: `--model` is the G
 this script writes (ARITHMETIC), the reward is the default answer reward. Runs go to benchmarks/runs/real/ (ignored by
 git); a run stopped half way continues from its last checkpoint. Every command but --report runs, then rewrites the
 tracked benchmarks/results/real.md and its figures and adds each newly finished run's record to benchmarks/results/real/
-(in git: commit it or `git checkout benchmarks/results` to drop it). What was chosen and why: benchmarks/README.md.
+(in git: commit it or `git checkout benchmarks/results` to drop it). What was chosen and why: benchmarks/METHODS.md.
 """
 import argparse
 import collections
@@ -55,7 +55,7 @@ ARMS.append(("grpo lora", "grpo.py", PRECISIONS["fp32"][1] + ["--lora-r", "16", 
 # degrees of freedom), with 5 t is about 2.3. A run takes 15-25 min on 2 cores, ppo's about 50 min in fp32.
 SEEDS, PPO_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 # Where each breaks, as the toy's lr study (compare.py's `lr`): the policy's lr at 1, 3, 10 and 30 times the setting's
-# 1e-5 (the later --lr wins; ppo's critic keeps its own), the four algorithms. "Fell" is compare.fell, fixed before the
+# 1e-5 (the later --lr wins; ppo's critic keeps its own), for grpo, gspo, dapo and ppo. "Fell" is compare.fell, fixed before the
 # toy's runs. 32 runs of 20-60 min would take 11-32 h on 2 cores: they were made on a GPU, in bf16 autocast (CUDA's
 # --dtype auto), which their flags ask for on any device. The likeliest breaks go first (x10, then x3, x30 and x1),
 # so that a study cut short has the most telling runs.
@@ -306,6 +306,64 @@ def machines(label, seeds):
     return "; ".join(f"{m} (seed{'s' * (len(s) > 1)} {', '.join(map(str, s))})" for m, s in where.items())
 
 
+def cpu_of(label, seed):
+    """The CPU a run's record names ("AMD EPYC", "Intel Xeon Processor", "NVIDIA H200"), or None where the run
+    has no record of its machine."""
+    where = machine_of(label, seed)
+    if where == "not recorded":
+        return None
+    where = where.split(" (")[0].split(", ")[0]                   # "1 thread of an AMD EPYC"
+    return where.split(" of an ", 1)[1] if " of an " in where else where.removeprefix("one ")
+
+
+def on_cpu(label, seeds, cpu):
+    """An arm's runs [(seed, rows)] on one CPU (None: those with no record of it)."""
+    return [(seed, rows) for seed, rows in seeds if cpu_of(label, seed) == cpu]
+
+
+def within_cpus(runs, a, b):
+    """{cpu: arm a's mean final held-out accuracy minus b's on that CPU's runs alone}, for each CPU on
+    which both arms ran 2 seeds or more."""
+    cpus = {cpu_of(a, seed) for seed, _ in runs[a]} & {cpu_of(b, seed) for seed, _ in runs[b]} - {None}
+    here = {cpu: {a: on_cpu(a, runs[a], cpu), b: on_cpu(b, runs[b], cpu)} for cpu in sorted(cpus)}
+    return {cpu: versus(arms, a, b) for cpu, arms in here.items() if len(arms[a]) >= 2 and len(arms[b]) >= 2}
+
+
+def standing(d, per_cpu):
+    """Whether a difference between arms stands as a verdict: "within" t standard errors over every run (or an arm of
+    one seed); "stands": beyond them over every run and on each CPU where both arms ran 2 seeds or more;
+    "not on <cpu>": beyond over every run, but within (or the other way) on that CPU; "CPU not separated":
+    beyond, but no CPU ran both arms twice, so each arm's error holds no CPU-to-CPU spread and the
+    difference is the loss's and the CPU's together."""
+    if not bench.beyond(d):
+        return "within"
+    if not per_cpu:
+        return "CPU not separated"
+    against = [cpu for cpu, c in per_cpu.items() if not (bench.beyond(c) and (c.value > 0) == (d.value > 0))]
+    return "not on " + " or ".join(against) if against else "stands"
+
+
+def cpu_text(per_cpu):
+    """'Intel Xeon Processor +0.093 ± 0.022 (t 2.54, beyond)', each CPU's; or why there is none."""
+    return "; ".join(f"{cpu} {c.value:+.3f} ± {c.error:.3f} (t {bench.t_quantile(c.df):.2f}, "
+                     f"{'beyond' if bench.beyond(c) else 'within'})" for cpu, c in per_cpu.items()) \
+        or "no CPU ran both arms at 2 seeds"
+
+
+def cpu_rows(runs):
+    """Each arm's runs on each CPU apart: seeds, base → final held-out accuracy, where they ran."""
+    lines = ["| arm | CPU | seeds | held-out greedy: base → final | ran on |", "|" + " --- |" * 5]
+    for label, seeds in runs.items():
+        cpus = sorted({cpu_of(label, seed) for seed, _ in seeds}, key=lambda c: (c is None, c or ""))
+        for cpu in cpus:
+            here = on_cpu(label, seeds, cpu)
+            s = [summarise(rows) for _, rows in here]
+            lines.append(f"| {label} | {cpu or 'not recorded'} | {', '.join(str(seed) for seed, _ in here)} | "
+                         f"{mean_std([x['base'] for x in s])} → {mean_std([x['final'] for x in s])} | "
+                         f"{machines(label, [seed for seed, _ in here])} |")
+    return lines
+
+
 def took(runs, dtype_name):
     """How long a section's runs took and on what: each machine's summed wall time, and that over the runs it ran at
     a time (two runs at a time on one thread each finish two in about the time of one)."""
@@ -376,21 +434,55 @@ def gains(label, seeds):
 
 def differences(runs):
     """Every pair of arms: the difference of their mean final held-out accuracies, its standard error over seeds and
-    the evaluation's own beside it (bench.RULE)."""
+    the evaluation's own beside it (bench.RULE), then the same on each CPU where both arms ran 2 seeds or more,
+    and whether it stands as a verdict (standing)."""
     arms = [label for label, seeds in runs.items() if seeds]
     lines = ["| arm A | arm B | seeds A / B | A − B, final held-out | standard error over seeds | degrees of "
-             "freedom | t | beyond t standard errors | the evaluation's own error |", "|" + " --- |" * 9]
+             "freedom | t | beyond t standard errors | the evaluation's own error | on one CPU (both arms 2 "
+             "seeds or more there) | stands |", "|" + " --- |" * 11]
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
             d = versus(runs, a, b)
             if d.df >= 1:
+                per_cpu = within_cpus(runs, a, b)
                 seeds = (f"{d.error:.3f} | {d.df:.1f} | {bench.t_quantile(d.df):.2f} | "
                          f"{'**beyond**' if bench.beyond(d) else 'within'}")
+                where = standing(d, per_cpu)
+                cpus = f"{cpu_text(per_cpu)} | {'**yes**' if where == 'stands' else '—' if where == 'within' else where}"
             else:
-                seeds = "— | — | — | needs seeds"
+                seeds, cpus = "— | — | — | needs seeds", "— | —"
             lines.append(f"| {a} | {b} | {len(runs[a])} / {len(runs[b])} | {d.value:+.3f} | {seeds} | "
-                         f"{d.evaluation:.3f}, {'paired' if d.paired else 'unpaired'} |")
+                         f"{d.evaluation:.3f}, {'paired' if d.paired else 'unpaired'} | {cpus} |")
     return lines
+
+
+def tally(runs):
+    """The sentence that counts the comparisons and says which stand: how many, how many beyond t standard errors,
+    and of those which stand, which do not on one CPU and which have no CPU that ran both arms."""
+    arms = [label for label, seeds in runs.items() if seeds]
+    pairs = [(a, b, versus(runs, a, b)) for i, a in enumerate(arms) for b in arms[i + 1:]]
+    pairs = [(a, b, d) for a, b, d in pairs if d.df >= 1]
+    if not pairs:
+        return "No two arms have 2 seeds each yet: no comparison."
+    groups = {}
+    for a, b, d in pairs:
+        groups.setdefault(standing(d, within_cpus(runs, a, b)), []).append(f"{a} − {b} {d.value:+.3f}")
+    beyond = sum(len(v) for k, v in groups.items() if k != "within")
+    verb = lambda n, one, many: f"{n} {one if n == 1 else many}"
+    text = (f"Each mark is one comparison's own, at 95%. This table makes {len(pairs)} comparisons at once, with no "
+            f"correction for multiplicity: were every loss alike, about one in twenty would still read beyond. "
+            f"{verb(beyond, 'is', 'are')} beyond t standard errors over every run, of {len(pairs)}")
+    parts = []
+    if groups.get("stands"):
+        parts.append(f"{verb(len(groups['stands']), 'stands', 'stand')}, beyond on each CPU that ran both arms at 2 "
+                     f"seeds or more too: {', '.join(groups['stands'])}")
+    for key in sorted(k for k in groups if k.startswith("not on ")):
+        parts.append(f"{verb(len(groups[key]), 'does', 'do')} not hold {key[4:]} (no verdict): "
+                     f"{', '.join(groups[key])}")
+    if groups.get("CPU not separated"):
+        parts.append(f"{verb(len(groups['CPU not separated']), 'has', 'have')} no CPU that ran both arms at 2 seeds, "
+                     f"so loss and CPU are not separated (no verdict): {', '.join(groups['CPU not separated'])}")
+    return text + (": " + "; ".join(parts) if parts else "") + "."
 
 
 def claims(runs, suffix=""):
@@ -405,6 +497,14 @@ def claims(runs, suffix=""):
     final = lambda name: f"{shown(name, 'final')} ({len(got[arm(name)])} seeds)"
     than = lambda a, b: versus(got, arm(a), arm(b))
     missing = lambda *names: f"not yet tested: needs {' and '.join(map(arm, names))} with at least 2 seeds"
+    cpus = lambda a, b: within_cpus(got, arm(a), arm(b))
+    one_cpu = lambda a, b: f"; on one CPU: {cpu_text(cpus(a, b))}"
+
+    def checked(outcome, a, b, d):
+        """A verdict read from a − b stands only where the difference stands on one CPU too (standing)."""
+        where = standing(d, cpus(a, b))
+        return f"inconclusive: {where}" if outcome in ("holds here", "does not hold here") and where != "stands" \
+            else outcome
     lines = []
     if has("ppo", "grpo"):
         q1, q4 = values("ppo", "ev_q1"), values("ppo", "ev_q4")
@@ -417,14 +517,16 @@ def claims(runs, suffix=""):
                      f": explained variance over the first / last quarter of each completion {shown('ppo', 'ev_q1')} "
                      f"/ {shown('ppo', 'ev_q4')}, first minus last {bench.difference_text(ev)}. PPO's "
                      f"held-out final {final('ppo')} against GRPO's {final('grpo')}: "
-                     f"{bench.difference_text(d)}: {'beyond' if bench.beyond(d) else 'within'} t standard errors.")
+                     f"{bench.difference_text(d)}: {'beyond' if bench.beyond(d) else 'within'} t standard errors"
+                     f"{one_cpu('ppo', 'grpo')}.")
     else:
         lines.append(f"- (a) PPO's critic against GRPO: {missing('ppo', 'grpo')}.")
     if has("dapo", "dapo seq-mean"):
         d = than("dapo", "dapo seq-mean")
         lines.append(f"- (d) DAPO's token-level loss keeps long answers from being drowned out: "
-                     f"**{bench.verdict(d)}**: held-out final {final('dapo')} against the per-sequence "
-                     f"mean's {final('dapo seq-mean')}: {bench.difference_text(d)}. The two "
+                     f"**{checked(bench.verdict(d), 'dapo', 'dapo seq-mean', d)}**: held-out final {final('dapo')} "
+                     f"against the per-sequence mean's {final('dapo seq-mean')}: {bench.difference_text(d)}"
+                     f"{one_cpu('dapo', 'dapo seq-mean')}. The two "
                      f"losses differ where a batch's answers differ in length: over the first 5 steps they averaged "
                      f"{shown('dapo', 'length_start', '{:.0f}')} and {shown('dapo seq-mean', 'length_start', '{:.0f}')}"
                      f" tokens, {shown('dapo', 'truncated_start', '{:.2f}')} and "
@@ -437,10 +539,11 @@ def claims(runs, suffix=""):
         times = statistics.fmean(values("gspo", "clip_frac")) / statistics.fmean(values("grpo", "clip_frac"))
         d = than("gspo", "grpo")
         lines.append(f"- (e) GSPO clips far more, yet converges at least as fast: "
-                     f"**{bench.verdict(d) if times >= 10 else 'does not hold here'}**: it clips "
+                     f"**{checked(bench.verdict(d), 'gspo', 'grpo', d) if times >= 10 else 'does not hold here'}**: "
+                     f"it clips "
                      f"{shown('gspo', 'clip_frac', '{:.4f}')} of tokens, GRPO {shown('grpo', 'clip_frac', '{:.4f}')} "
                      f"({times:.0f}×; far more: 10× or more); its held-out final {final('gspo')} against "
-                     f"GRPO's {final('grpo')}: {bench.difference_text(d)}; s/step "
+                     f"GRPO's {final('grpo')}: {bench.difference_text(d)}{one_cpu('gspo', 'grpo')}; s/step "
                      f"{shown('gspo', 'seconds_per_step', '{:.0f}')} against "
                      f"{shown('grpo', 'seconds_per_step', '{:.0f}')}.")
     else:
@@ -448,8 +551,9 @@ def claims(runs, suffix=""):
     if has("cispo", "dapo"):
         d = than("cispo", "dapo")
         lines.append(f"- (f) CISPO learns faster than DAPO at equal steps, keeping the gradient of the tokens DAPO's "
-                     f"clip drops: **{bench.verdict(d)}**: held-out final {final('cispo')} against DAPO's "
-                     f"{final('dapo')}: {bench.difference_text(d)}; CISPO capped the weight of "
+                     f"clip drops: **{checked(bench.verdict(d), 'cispo', 'dapo', d)}**: held-out final "
+                     f"{final('cispo')} against DAPO's {final('dapo')}: {bench.difference_text(d)}"
+                     f"{one_cpu('cispo', 'dapo')}; CISPO capped the weight of "
                      f"{shown('cispo', 'clip_frac', '{:.4f}')} of its tokens (their gradient scaled, kept), DAPO's "
                      "clip "
                      f"zeroed that of {shown('dapo', 'clip_frac', '{:.4f}')}.")
@@ -460,11 +564,13 @@ def claims(runs, suffix=""):
         testable = any(fell(e) or ended_below(e) for name in ("sapo", "grpo", "gspo")
                        for e in evaluations(got[arm(name)]))
         parts = [than("sapo", "grpo"), than("sapo", "gspo")]
-        outcome = combined([bench.verdict(part, testable) for part in parts])
+        outcome = combined([checked(bench.verdict(part, testable), "sapo", other, part)
+                            for other, part in zip(("grpo", "gspo"), parts)])
         lines.append(f"- (h) SAPO is more stable than GRPO and GSPO: **{outcome}**" +
                      ("" if testable else ", as no seed of the three fell or ended 0.10 below its base at this lr") +
                      f": held-out final {final('sapo')} against GRPO's {final('grpo')} and GSPO's {final('gspo')}: "
-                     f"{bench.difference_text(parts[0])} and {bench.difference_text(parts[1])}; its gate damped "
+                     f"SAPO − GRPO {bench.difference_text(parts[0])}{one_cpu('sapo', 'grpo')}, SAPO − GSPO "
+                     f"{bench.difference_text(parts[1])}{one_cpu('sapo', 'gspo')}; its gate damped "
                      f"{shown('sapo', 'clip_frac', '{:.4f}')} of its tokens' gradients to under half.")
     else:
         lines.append(f"- (h) SAPO against GRPO and GSPO: {missing('sapo', 'grpo', 'gspo')}.")
@@ -506,8 +612,8 @@ def lr_table(lr_runs):
     where = "; ".join(f"{m} ({n} run" + "s" * (n > 1) + ")" for m, n in where.items())
     lines = [f"Made by `python benchmarks/real.py --lr-study`, on {where} (each run's record)"
              f"; every run from the same setting as above, its --lr times k. The base (step 0) there: "
-             f"{' / '.join(f'{b:.3f}' for b in bases)} (bf16 arithmetic decodes some problems otherwise than fp32 "
-             "on a CPU). "
+             f"{' / '.join(f'{b:.3f}' for b in bases)} (a GPU sums bf16 in its own order, so its base differs from "
+             "each CPU's in the sections above). "
              "Each cell: the held-out final (mean ± std over the seeds that ran to the end) and its best evaluation, "
              "then how many *fell* (compare.fell, fixed before the toy's lr study: more than 0.10 below the base from "
              "some evaluation to the last) and how many ended more than 0.10 below it.", "",
@@ -627,7 +733,8 @@ def report():
     done = [(label, seed, rows) for label, seeds in runs.items() for seed, rows in seeds]
     hours = sum(float((run_dir(label, seed, RECORDS) / "wall_seconds").read_text()) for label, seed, _ in done) / 3600
     lines = ["# A real pretrained model: SmolLM2-135M-Instruct on sums and products", "",
-             "Made by `python benchmarks/real.py` (how it was chosen: benchmarks/README.md). Each run: "
+             "Made by `python benchmarks/real.py` (how it was chosen: [METHODS.md](../METHODS.md#the-real-model)). "
+             "Each run: "
              f"`python <script>.py --model {GGUF} --data arithmetic.jsonl {' '.join(SETTING)} --seed S` and the arm's "
              "flags, which name its dtype (`--dtype bf16` in the arms labelled bf16 and the lr study, `--dtype fp32` "
              "in the others). Held-out: greedy, the same "
@@ -649,6 +756,11 @@ def report():
                   "else ran.", ""]
         lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
                   if label in arms and any(s == seed for s, _ in arms[label])] + [""]
+        if any(arms.values()):
+            lines += [f"### By CPU ({dtype_name})", "", "Each arm's runs on each CPU apart, as their "
+                      "records name it. One CPU's runs share its rounding, so an arm's spread on one CPU "
+                      "holds none of the spread between CPUs; two arms are compared on one CPU where "
+                      "both ran 2 seeds or more there (*Each arm against each other*).", ""] + cpu_rows(arms) + [""]
         if arms.get("grpo" + suffix):
             lines += [gains("grpo" + suffix, arms["grpo" + suffix]), ""]
         lines += [f"### Claims ({dtype_name})", ""] + claims(arms, suffix) + [""]
@@ -656,7 +768,10 @@ def report():
                   "held-out accuracies, by the rule above: the standard error over seeds, Welch's degrees of freedom "
                   "and t at them, and beside them the evaluation's own standard error (paired where both arms' runs "
                   "recorded which problems they answered right; the runs recorded before the scripts wrote it are "
-                  "compared unpaired, from their accuracies alone). An arm of one seed gets no verdict.", ""]
+                  "compared unpaired, from their accuracies alone). An arm of one seed gets no verdict. Then the "
+                  "same difference on each CPU where both arms ran 2 seeds or more; a difference beyond t "
+                  "standard errors *stands* as a verdict only where it is beyond on each such CPU too, and "
+                  "where there is one.", "", tally(arms), ""]
         lines += differences(arms) + [""]
         if any(arms.values()):
             try:
@@ -689,7 +804,7 @@ def main(argv=None):
                                        "picks here): " + ", ".join(label for label, _, _ in ARMS))
     parser.add_argument("--seeds", help="seed ids, comma-separated (default 0-4, ppo 0-2; 2: seed 2 alone)")
     # Two runs at a time, each on its share of the cores, do more steps an hour than one on all of them (measured on
-    # 2 cores: benchmarks/README.md, real.py's section).
+    # 2 cores: benchmarks/METHODS.md, the real model).
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2; on a GPU, 4)")
     parser.add_argument("--threads", type=int, help="torch threads of each run (default: the cores over --jobs)")
     parser.add_argument("--lr-study", action="store_true",

@@ -201,7 +201,7 @@ def report():
              "choice on that CPU, \"avx2\" its AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`), as a CPU without AVX-512 "
              "runs. Greedy accuracy on the 500 held-out problems at the start (base) and the end (final); sampled: "
              "the last tenth of the steps. mean ± std (min-max) over the runs of a row.", "",
-             "| script | CPU | kernels | seeds | base | final | sampled, end | s/step |", "| --- " * 8 + "|"]
+             "| script | CPU | kernels | seeds | base | final | sampled, end | s/step | wall min |", "| --- " * 9 + "|"]
     groups = {}
     for r in rows:
         groups.setdefault((r["arm"], r["cpu"], r["kernels"]), []).append(r)
@@ -211,8 +211,10 @@ def report():
         per_step = statistics.mean(r["train_seconds"] / r["steps"] for r in runs)
         lines.append(f"| {arm} | {cpu} | {kernels} ({runs[0]['capability']}) | "
                      f"{','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} | {col('base')} | "
-                     f"{col('final')} | {col('sampled_end')} | {per_step:.3f} |")
-    lines += ["", "s/step: the training loop's mean time a step (evaluation left out), two runs side by side on 2 "
+                     f"{col('final')} | {col('sampled_end')} | {per_step:.3f} | "
+                     f"{statistics.mean(r['wall_seconds'] for r in runs) / 60:.1f} |")
+    lines += ["", "s/step: the training loop's mean time a step (evaluation left out); wall min: the whole process's "
+                  "mean, its warm start from an empty cache included. Both with two runs side by side on 2 "
                   "cores, with whatever else the machine ran (the AMD EPYC's \"own\" grpo seed 1 shared it with a "
                   "test suite: 4x slower); quiet timings are in speed.md."]
     groups = pooled(rows)

@@ -292,6 +292,26 @@ def test_report_keeps_the_tables_of_experiments_whose_runs_are_not_here(tmp_path
     assert "## main: `--task add`, 600 steps\n\n| a |\n\n## stress: x\n\n| b |\n" in text
 
 
+def test_a_kept_table_and_long_md_link_to_the_rule_instead_of_copying_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    monkeypatch.setattr(compare, "RUNS", tmp_path / "runs")
+    copied = ("**Verdicts.** A claim's verdict is one of four outcomes. *Holds here*: ... `sqrt(sum (d_i - mean)^2) / "
+              "n`; else *unpaired*, `sqrt(p_A (1 - p_A) / n + p_B (1 - p_B) / n)`.")
+    old_losses = compare.LOSSES_TEXT[:90] + " (the verdicts below; bench.RULE, as in long.md): older words."
+    (tmp_path / "study.md").write_text(f"# Study results\n\n## losses: x\n\n| a |\n\n{old_losses}\n\n"
+                                       f"{copied} Here n = 500 held-out problems.\n\n- (f) kept.\n")
+    (tmp_path / "long.md").write_text(f"# Long answers\n\n## Verdicts\n\n{copied} Here n = 200 held-out problems.\n"
+                                      "\nVERDICTS' text\n")
+    compare.report(range(3), quick=False)
+    study = (tmp_path / "study.md").read_text()
+    assert f"## losses: x\n\n| a |\n\n{compare.LOSSES_TEXT}\n\n{bench.RULE} Here n = 500 held-out problems.\n\n" \
+           "- (f) kept." in study
+    assert "](../METHODS.md#the-toy-study)" in study.split("\n## ")[0]          # the header says where the method is
+    assert (tmp_path / "long.md").read_text() == (f"# Long answers\n\n## Verdicts\n\n{bench.RULE} Here n = 200 "
+                                                  "held-out problems.\n\nVERDICTS' text\n")
+    assert "bench.RULE" not in compare.LOSSES_TEXT and "four outcomes." not in study
+
+
 def test_defaults_runs_start_from_an_empty_cache_and_record_their_whole_wall_time(tmp_path, monkeypatch):
     seen = {}
     def fake_run(cmd, cwd, env, stdout, stderr):

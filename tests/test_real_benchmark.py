@@ -272,6 +272,7 @@ def run(final, clip=0.01, ev=None):
 def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_path, monkeypatch):
     monkeypatch.setattr(real, "RECORDS", tmp_path)                 # no per-problem records: unpaired
     monkeypatch.setattr(real, "HELD_OUT", 100)
+    monkeypatch.setattr(real, "cpu_of", lambda label, seed: "X")   # every run on one CPU: it repeats the whole
     # Two seeds x and x + 0.02 (variance 0.0002) or x +- 0.02 (0.0008): equal spreads, 2 degrees of freedom, t 4.30.
     runs = {"grpo": [(0, run(0.40)), (1, run(0.42))],
             "grpo lora": [(0, run(0.50))],                                    # one seed: in no claim
@@ -290,11 +291,13 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
     # PPO 0.21 against GRPO 0.41: 0.2 +- 0.014 over seeds; the evaluation alone on 100 problems:
     # sqrt(0.21 * 0.79 / 100 + 0.41 * 0.59 / 100) = 0.0639.
     assert a.endswith("PPO's held-out final 0.210 ± 0.014 (2 seeds) against GRPO's 0.410 ± 0.014 (2 seeds): "
-                      "**-0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.064, unpaired): beyond t standard errors.")
+                      "**-0.200 ± 0.014** (2.0 df, t 4.30; evaluation ± 0.064, unpaired): beyond t standard errors; "
+                      "on one CPU: X -0.200 ± 0.014 (t 4.30, beyond).")
     # (d): 0.6 against 0.3, sqrt(0.0004 + 0.0004) = 0.028 over seeds; the evaluation sqrt(0.24 / 100 + 0.21 / 100).
     assert d.startswith("- (d) DAPO's token-level loss keeps long answers from being drowned out: **holds here**: "
                         "held-out final 0.600 ± 0.028 (2 seeds) against the per-sequence mean's 0.300 ± 0.028 (2 "
-                        "seeds): **+0.300 ± 0.028** (2.0 df, t 4.30; evaluation ± 0.067, unpaired).")
+                        "seeds): **+0.300 ± 0.028** (2.0 df, t 4.30; evaluation ± 0.067, unpaired); on one CPU: X "
+                        "+0.300 ± 0.028 (t 4.30, beyond).")
     assert "over the first 5 steps they averaged 47 ± 0 and 47 ± 0 tokens, 0.23 ± 0.00 and 0.23 ± 0.00" in d
     assert e.startswith("- (e) GSPO clips far more, yet converges at least as fast: **inconclusive**: it clips 0.2000 "
                         "± 0.0000 of tokens, GRPO 0.0100 ± 0.0000 (20×; far more: 10× or more); its held-out final "
@@ -304,7 +307,8 @@ def test_each_claim_gets_one_of_four_outcomes_by_the_rule_from_two_seeds_on(tmp_
     # sqrt(0.7 * 0.3 / 100 + 0.6 * 0.4 / 100) = 0.067.
     assert f == ("- (f) CISPO learns faster than DAPO at equal steps, keeping the gradient of the tokens DAPO's clip "
                  "drops: **inconclusive**: held-out final 0.700 ± 0.028 (2 seeds) against DAPO's 0.600 ± 0.028 (2 "
-                 "seeds): +0.100 ± 0.028 (2.0 df, t 4.30; evaluation ± 0.067, unpaired); CISPO capped the weight of "
+                 "seeds): +0.100 ± 0.028 (2.0 df, t 4.30; evaluation ± 0.067, unpaired); on one CPU: X +0.100 ± "
+                 "0.028 (t 4.30, within); CISPO capped the weight of "
                  "0.0010 ± 0.0000 of its tokens (their gradient scaled, kept), DAPO's clip zeroed that of 0.0100 ± "
                  "0.0000.")
     # (h): no seed fell or ended 0.10 below its base (0.1 -> about 0.4): not testable, however the finals stand.
@@ -375,15 +379,17 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     table = real.differences(runs)
     # One seed an arm: no verdict. The evaluation alone, paired: grpo's shares 1 (4 problems), 1, 0.5, lora's 1 (4),
     # 0, 0: differences 1 and 0.5, mean 0.15, sqrt(1.25 - 10 * 0.15^2) / 10 = 0.101.
-    assert table[4] == "| grpo | grpo lora | 2 / 1 | +0.150 | — | — | — | needs seeds | 0.101, paired |"
+    assert table[4] == "| grpo | grpo lora | 2 / 1 | +0.150 | — | — | — | needs seeds | 0.101, paired | — | — |"
     # 0.55 against 0.25, each arm of variance 0.005 over 2 seeds: sqrt(0.0025 + 0.0025) = 0.071 at 2 df, t 4.30: 0.304
     # to be beyond, so within; the evaluation alone (differences 1, 1, 1, 0.5, -0.5: mean 0.3, sqrt(3.5 - 0.9) / 10 =
     # 0.161) would have put it beyond two of its errors.
-    assert table[2] == "| grpo | gspo | 2 / 2 | +0.300 | 0.071 | 2.0 | 4.30 | within | 0.161, paired |"
+    # No CPU ran both arms twice (gspo's records name none): nothing on one CPU.
+    assert table[2] == ("| grpo | gspo | 2 / 2 | +0.300 | 0.071 | 2.0 | 4.30 | within | 0.161, paired | no CPU ran "
+                        "both arms at 2 seeds | — |")
     # Against three seeds of 0.5, no record: sqrt(0.0025 + 0) at 1 df; unpaired, sqrt(0.55 * 0.45 + 0.25) / sqrt(10).
-    assert table[3] == "| grpo | dapo | 2 / 3 | +0.050 | 0.050 | 1.0 | 12.71 | within | 0.223, unpaired |"
-    assert table[7] == "| dapo | grpo lora | 3 / 1 | +0.100 | — | — | — | needs seeds | 0.221, unpaired |"
-    assert table[5] == "| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |"
+    assert table[3].startswith("| grpo | dapo | 2 / 3 | +0.050 | 0.050 | 1.0 | 12.71 | within | 0.223, unpaired |")
+    assert table[7] == "| dapo | grpo lora | 3 / 1 | +0.100 | — | — | — | needs seeds | 0.221, unpaired | — | — |"
+    assert table[5].startswith("| gspo | dapo | 2 / 3 | -0.250 | 0.050 | 1.0 | 12.71 | within | 0.209, unpaired |")
     assert len(table) == 8
     rows = {line.split(" | ")[0][2:]: line for line in real.table(runs)[2:]}
     # A record from before the dtype was recorded reads as its arm's: the flags it ran with.
@@ -394,12 +400,80 @@ def test_arms_are_compared_over_seeds_with_the_evaluation_s_own_error_beside(tmp
     assert rows["ppo"].startswith("| ppo | not run yet |")
     record("ppo", 0, [0.0, 0.1, 0.2, 1.0])
     record("ppo", 1, [0.0, 0.1, 0.2, 0.9])                   # 0.25 against 0.95: 0.7 +- 0.071, beyond 0.304
+    # Beyond, but neither arm's records name a CPU: loss and CPU are not separated, no verdict.
     assert real.differences(real.collect())[7] == ("| gspo | ppo | 2 / 2 | -0.700 | 0.071 | 2.0 | 4.30 | **beyond** "
-                                                    "| 0.153, unpaired |")
+                                                    "| 0.153, unpaired | no CPU ran both arms at 2 seeds | CPU not "
+                                                    "separated |")
     record("grpo bf16", 0, [0.0, 0.1, 0.2, 0.3])                  # the other precision: its own section, never mixed
     (name, (dtype, suffix, bf16)), (_, (_, _, fp32)) = real.sections(real.collect()).items()
     assert (name, dtype, suffix) == ("bf16", "bf16 autocast", " bf16") and "grpo bf16" not in fp32
     assert [len(s) for s in bf16.values()] == [1, 0, 0, 0, 0, 0, 0] and len(fp32["grpo"]) == 2
+
+
+def test_a_difference_stands_only_where_it_holds_on_each_cpu_that_ran_both_arms_twice():
+    D = bench.Difference
+    beyond, within = D(0.3, 0.05, 2), D(0.1, 0.05, 2)           # t 4.30: 0.215 to be beyond
+    assert real.standing(within, {}) == "within" and real.standing(D(0.3, float("inf"), 0), {}) == "within"
+    assert real.standing(beyond, {}) == "CPU not separated"
+    assert real.standing(beyond, {"X": beyond}) == "stands"
+    assert real.standing(beyond, {"X": beyond, "Y": within}) == "not on Y"
+    assert real.standing(beyond, {"X": D(-0.3, 0.05, 2)}) == "not on X"      # beyond, the other way
+
+
+def test_the_bf16_arms_are_split_by_the_cpu_their_records_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "RECORDS", tmp_path)
+    monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(real, "HELD_OUT", 10)
+    epyc, xeon = "2 threads of an AMD EPYC (bf16 autocast)", "1 thread of an Intel Xeon Processor (bf16 autocast), 2 " \
+                                                             "runs at a time"
+    for label, seed, final, where in [("grpo bf16", 0, 0.6, epyc), ("grpo bf16", 1, 0.5, epyc),
+                                      ("grpo bf16", 2, 0.55, xeon), ("gspo bf16", 0, 0.1, epyc),
+                                      ("gspo bf16", 1, 0.0, epyc), ("dapo bf16", 0, 1.0, xeon),
+                                      ("dapo bf16", 1, 0.9, xeon)]:
+        record(label, seed, [0.0, 0.1, 0.2, final], machine=where)
+    record("sapo bf16", 0, [0.0, 0.1, 0.2, 0.3])                                  # no record of its machine
+    assert [real.cpu_of("grpo bf16", s) for s in (0, 2)] == ["AMD EPYC", "Intel Xeon Processor"]
+    assert real.cpu_of("sapo bf16", 0) is None
+    monkeypatch.setattr(real, "machine_of", lambda label, seed: "one NVIDIA H200 (bf16 autocast), 4 runs at a time")
+    assert real.cpu_of("grpo bf16", 0) == "NVIDIA H200"
+    monkeypatch.undo()
+    monkeypatch.setattr(real, "RECORDS", tmp_path)
+    monkeypatch.setattr(real, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(real, "HELD_OUT", 10)
+    runs = {label: seeds for label, seeds in real.sections(real.collect())["bf16"][2].items() if seeds}
+    rows = real.cpu_rows(runs)
+    assert rows[2] == ("| grpo bf16 | AMD EPYC | 0, 1 | 0.000 ± 0.000 → 0.550 ± 0.071 | 2 threads of an AMD EPYC "
+                       "(bf16 autocast) (seeds 0, 1) |")
+    assert rows[3] == ("| grpo bf16 | Intel Xeon Processor | 2 | 0.000 → 0.550 | 1 thread of an Intel Xeon Processor "
+                       "(bf16 autocast), 2 runs at a time (seed 2) |")
+    assert rows[-1] == "| sapo bf16 | not recorded | 0 | 0.000 → 0.300 | not recorded (seed 0) |"
+    # On the AMD EPYC alone grpo 0.55 and gspo 0.05, each of variance 0.005 over 2 seeds: 0.5 ± 0.071 at 2 df (t 4.30,
+    # 0.304 to be beyond). grpo's one Intel seed is no arm there; dapo ran on the Intel Xeon alone.
+    on_epyc = real.within_cpus(runs, "grpo bf16", "gspo bf16")
+    assert list(on_epyc) == ["AMD EPYC"] and on_epyc["AMD EPYC"].value == pytest.approx(0.5)
+    assert on_epyc["AMD EPYC"].error == pytest.approx(0.0707, abs=1e-4) and on_epyc["AMD EPYC"].df == 2
+    assert real.within_cpus(runs, "grpo bf16", "dapo bf16") == {}
+    # Over every run: grpo 0.55 (3 seeds, variance 0.0025), gspo 0.05 and dapo 0.95 (2 seeds, 0.005):
+    # sqrt(0.0025 / 3 + 0.005 / 2) = 0.0577 at (1 / 300)^2 / ((1 / 1200)^2 / 2 + (1 / 400)^2) = 1.68 df, t 5.19 (0.30
+    # to be beyond); gspo against dapo 0.0707 at 2 df. All three beyond; only grpo - gspo has a CPU that ran both.
+    assert real.tally(runs) == (
+        "Each mark is one comparison's own, at 95%. This table makes 3 comparisons at once, with no correction for "
+        "multiplicity: were every loss alike, about one in twenty would still read beyond. 3 are beyond t standard "
+        "errors over every run, of 3: 1 stands, beyond on each CPU that ran both arms at 2 seeds or more too: grpo "
+        "bf16 − gspo bf16 +0.500; 2 have no CPU that ran both arms at 2 seeds, so loss and CPU are not separated (no "
+        "verdict): grpo bf16 − dapo bf16 -0.400, gspo bf16 − dapo bf16 -0.900.")
+    table = real.differences(runs)
+    assert table[2].endswith("| AMD EPYC +0.500 ± 0.071 (t 4.30, beyond) | **yes** |")
+    assert table[3].endswith("| no CPU ran both arms at 2 seeds | CPU not separated |")
+    # A claim read from such a difference is no verdict: CISPO 0.05 below DAPO's 0.95 on no shared CPU.
+    runs["cispo bf16"], runs["dapo bf16"] = runs.pop("gspo bf16"), runs["dapo bf16"]
+    monkeypatch.setattr(real, "cpu_of", lambda label, seed: "AMD EPYC" if label == "cispo bf16" else
+                        "Intel Xeon Processor")
+    f = real.claims(runs, " bf16")[3]
+    assert f.startswith("- (f) CISPO learns faster than DAPO at equal steps, keeping the gradient of the tokens DAPO's "
+                        "clip drops: **inconclusive: CPU not separated**: held-out final 0.050 ± 0.071 (2 seeds)")
+    monkeypatch.setattr(real, "cpu_of", lambda label, seed: "AMD EPYC")           # both on one CPU: it stands
+    assert "clip drops: **does not hold here**:" in real.claims(runs, " bf16")[3]
 
 
 def test_a_remark_s_numbers_are_its_record_s():
@@ -453,11 +527,23 @@ def test_the_lr_study_runs_each_arm_at_k_times_the_lr_and_counts_falls_by_the_to
                                       "(the table in *Where each breaks* below).")
 
 
-def test_the_rule_is_stated_once_the_same_in_benchmarks_readme_and_in_real_md():
+def test_the_rule_is_stated_once_in_methods_md_and_the_results_link_there():
     root = Path(__file__).resolve().parent.parent
-    words = lambda text: " ".join(text.split())
-    assert words((root / "benchmarks" / "README.md").read_text()).count(words(bench.RULE[len("**Verdicts.** "):])) == 1
-    assert (root / "benchmarks" / "results" / "real.md").read_text().count(bench.RULE) == 1    # real.py writes it
+    methods = (root / "benchmarks" / "METHODS.md").read_text()
+    assert "\n## Verdicts\n" in methods and "](../METHODS.md#verdicts)" in bench.RULE
+    # The rule's defining sentence, once in all the project's words; the results files carry only the link.
+    rule = "the difference the claim predicts is more than t standard errors from zero"
+    texts = {path: " ".join(path.read_text().split()) for path in
+             [*(root / "benchmarks").glob("*.md"), *(root / "benchmarks" / "results").glob("*.md"),
+              *(root / "docs").glob("*.md"), root / "README.md"]}
+    assert [path.name for path, text in texts.items() if rule in text] == ["METHODS.md"]
+    assert " ".join(methods.split()).count(rule) == 1
+    for name in ("real.md", "study.md", "long.md"):                # each written by its generator
+        assert texts[root / "benchmarks" / "results" / name].count(bench.RULE) == 1, name
+    assert "](../benchmarks/METHODS.md#verdicts)" in texts[root / "docs" / "long-answers.md"]
+    # METHODS.md's t at 1, 2, 4 and 8 degrees of freedom are the rule's own.
+    t = [f"{bench.t_quantile(df):.2f}" for df in (1, 2, 4, 8)]
+    assert f"t is {t[0]} at 1 degree of freedom, {t[1]} at 2, {t[2]} at 4 and {t[3]} at 8." in " ".join(methods.split())
 
 
 def test_a_plain_run_does_five_seeds_an_arm_ppo_three_and_the_lr_study_two(tmp_path, monkeypatch):
