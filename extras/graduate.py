@@ -36,8 +36,10 @@ def lacking(modules):
 def model_lr_note(args):
     """Without --model or --lr: a comment saying which learning rate is printed, and why not the toy's."""
     rate = lambda lr: f"{lr:.0e}".replace("e-0", "e-")                # 1e-06 -> 1e-6
-    return [] if args.model or args.lr != common.MODEL_LR else [f"# the learning rate is {rate(args.lr)}, --model's default; the toy's "
-                                  f"{rate(common.TOY_LR)} would break a pretrained model"]
+    if args.model or args.lr != common.MODEL_LR:
+        return []
+    return [f"# the learning rate is {rate(args.lr)}, --model's default; the toy's {rate(common.TOY_LR)} would break a "
+            f"pretrained model"]
 
 
 def verl_data_paths(args):

@@ -19,9 +19,9 @@ def test_a_run_s_metrics_become_a_png_of_the_panels_it_logged(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS) + '{"step": 3, "rew')
     plot.main([str(tmp_path)])
     assert (tmp_path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled reward and accuracy, held-out "
-                                       f"accuracy (greedy), completion length, cut off at the limit, clip fraction, "
-                                       f"KL per token)\n")
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled accuracy (its reward: 1 right, 0 "
+                                       f"wrong), held-out accuracy (greedy), completion length, cut off at the limit, "
+                                       f"clip fraction, KL per token)\n")
     # Without the update's keys (a run stopped after its base evaluation): only the panel it has.
     (tmp_path / "base.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
     plot.main([str(tmp_path / "base.jsonl"), "--out", str(tmp_path / "base.png")])
@@ -68,7 +68,7 @@ def fake_run(folder, steps, algorithm=None, **settings):
         rows[1][key], rows[2][key] = values
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if algorithm:
-        args = dataclasses.asdict(importlib.import_module(algorithm).Args(lr=1e-4, **settings))
+        args = dataclasses.asdict(importlib.import_module(algorithm).Args(**{"lr": 1e-4, "steps": 2} | settings))
         torch.save({"algorithm": algorithm, "args": args | {"out": str(folder)}}, folder / "checkpoint.pt")
     return folder
 
@@ -108,28 +108,31 @@ def test_several_runs_share_the_panels_a_colour_and_a_legend_entry_a_run(tmp_pat
     assert [t.get_text() for t in fig.legends[0].get_texts()] == names
     assert fig.get_suptitle() == "\n".join(f"{name}: {run}; held-out accuracy (greedy): base 0.400 → 0.500 at step 2"
                                            for name, run in zip(names, runs))
-    # One line a run and a quantity, in the run's colour; a panel's second quantity dashed, as its legend says.
+    # One line a run and a quantity, in its script's colour; a panel's second quantity dashed, as its legend says.
     drawn = {ax.get_title(): [(line.get_label(), list(line.get_ydata()), line.get_color(), line.get_linestyle())
                               for line in ax.get_lines()] for ax in fig.axes}
+    colours = ["C1", "C0", "C7", "C8"]                         # gspo's, grpo's, grpo + replay's, no script's
     assert list(drawn) == panels and drawn == {
-        "sampled reward and accuracy": [("gspo --seed 1: reward_mean", [0.1, 0.2], "C0", "-"),
-                                        ("gspo --seed 1: accuracy (share right)", [0.1, 0.2], "C0", "--"),
-                                        ("grpo: reward_mean", [0.2, 0.3], "C1", "-"),
-                                        ("grpo: accuracy (share right)", [0.2, 0.3], "C1", "--"),
-                                        ("grpo --routing-replay: reward_mean", [0.25, 0.35], "C2", "-"),
-                                        ("grpo --routing-replay: accuracy (share right)", [0.3, 0.4], "C2", "--")],
-        "held-out accuracy (greedy)": [(name, [0.4, 0.5], f"C{i}", "-") for i, name in enumerate(names)],
-        "routing drift since the rollout (MoE)": [("grpo", [0.01, 0.02], "C1", "-"),
-                                                  ("grpo --routing-replay", [0, 0], "C2", "-")],
-        "|log r| of re-routed vs other tokens (MoE)": [("grpo: re-routed tokens", [2.0, 10.0], "C1", "-"),
-                                                       ("grpo: other tokens", [0.01, 0.02], "C1", "--"),
-                                                       ("grpo --routing-replay: other tokens", [0.005, 0.006], "C2",
+        "sampled reward and accuracy": [("gspo --seed 1: reward", [0.1, 0.2], "C1", "-"),
+                                        ("gspo --seed 1: accuracy (share right)", [0.1, 0.2], "C1", "--"),
+                                        ("grpo: reward", [0.2, 0.3], "C0", "-"),
+                                        ("grpo: accuracy (share right)", [0.2, 0.3], "C0", "--"),
+                                        ("grpo --routing-replay: reward", [0.25, 0.35], "C7", "-"),
+                                        ("grpo --routing-replay: accuracy (share right)", [0.3, 0.4], "C7", "--")],
+        "held-out accuracy (greedy)": [(name, [0.4, 0.5], colour, "-") for name, colour in zip(names, colours)],
+        "routing drift since the rollout (MoE)": [("grpo", [0.01, 0.02], "C0", "-"),
+                                                  ("grpo --routing-replay", [0, 0], "C7", "-")],
+        "|log r| of re-routed vs other tokens (MoE)": [("grpo: re-routed tokens", [2.0, 10.0], "C0", "-"),
+                                                       ("grpo: other tokens", [0.01, 0.02], "C0", "--"),
+                                                       ("grpo --routing-replay: other tokens", [0.005, 0.006], "C7",
                                                         "--")]}
+    assert [line.get_color() for line in fig.legends[0].get_lines()] == colours
     assert {ax.get_title(): [(t.get_text(), line.get_linestyle()) for t, line in
                              zip(ax.get_legend().get_texts(), ax.get_legend().get_lines())]
             for ax in fig.axes if ax.get_legend()} == {
-        "sampled reward and accuracy": [("reward_mean", "-"), ("accuracy (share right)", "--")],
+        "sampled reward and accuracy": [("reward", "-"), ("accuracy (share right)", "--")],
         "|log r| of re-routed vs other tokens (MoE)": [("re-routed tokens", "-"), ("other tokens", "--")]}
+    assert all(ax.get_xlabel() == "step (rollout batch)" for ax in fig.axes)       # runs of one length: steps
     # Two runs of one script and settings: told apart by their folders; --out names the file.
     same = fake_run(tmp_path / "again", {"reward_mean": [0.2, 0.3], "accuracy": [0.2, 0.3]}, "grpo")
     plot.main([str(runs[1]), str(same), "--out", str(tmp_path / "two.png")])
@@ -155,20 +158,81 @@ def test_the_log_ratio_panel_is_on_a_log_scale():
 def test_a_long_run_is_drawn_faint_under_its_running_mean(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
     # 200 steps: a running mean over 4. The reward alternates 1, 0, 1, 0...: its mean over the last 4 is 1/2 from the
-    # 4th step on (1, 1/2 and 2/3 before); the clip fraction climbs by one a step: its mean lags 1.5 behind.
+    # 4th step on (1, 1/2 and 2/3 before); the clip fraction climbs by one a step: its mean lags 1.5 behind. The reward
+    # is the accuracy at every step: one line, the panel's title says both.
     rows = [{"step": s, "reward_mean": s % 2, "accuracy": s % 2, "clip_frac": s} for s in range(1, 201)]
     fig, panels = plot.figure(rows, "long")
-    assert panels == ["sampled reward and accuracy", "clip fraction"]
-    reward, clip = fig.axes
-    assert lines(reward) == [(None, [s % 2 for s in range(1, 201)]),
-                             ("reward_mean = accuracy (share right)", [1, 1 / 2, pytest.approx(2 / 3)] + [1 / 2] * 197)]
+    assert panels == ["sampled accuracy (its reward: 1 right, 0 wrong)", "clip fraction"]
+    accuracy, clip = fig.axes
+    assert accuracy.get_ylabel() == "share of the step's completions" and accuracy.get_legend() is None
+    assert lines(accuracy) == [(None, [s % 2 for s in range(1, 201)]),
+                               (None, [1, 1 / 2, pytest.approx(2 / 3)] + [1 / 2] * 197)]
     assert lines(clip) == [(None, list(range(1, 201))), (None, [1, 1.5, 2] + [s - 1.5 for s in range(4, 201)])]
-    # Said once, under the panels, not in every legend.
+    # Said once, under the panels, in words: a width that differs from run to run is no number to print.
     assert fig.get_suptitle() == "long"
     assert [t.get_text() for t in fig.texts if t.get_text() != "long"] == [
-        "faint: each step's value; solid: its running mean over the last 4 steps"]
+        "faint: each step's value; solid: its running mean over the last fiftieth of its run's steps"]
     assert plot.plot(rows, tmp_path / "long.png", "long") == panels
     assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_runs_of_very_different_lengths_share_an_axis_of_each_run_s_steps():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    # ppo's 300 steps beside grpo's 2400: each from 0 to 1, not an eighth of a step axis; each run's mean over a
+    # fiftieth of its own steps (6 and 48), the same width on this axis. A run stopped at step 64 of its 400 ends at
+    # 0.16 of its --steps, which its checkpoint gives (64 steps: too few for a running mean).
+    climb = lambda n, until: [{"step": s, "clip_frac": s} for s in range(1, until + 1)]
+    runs = [plot.Drawn("ppo", climb(300, 300), "ppo", 300), plot.Drawn("grpo", climb(2400, 2400), "grpo", 2400),
+            plot.Drawn("cispo", climb(400, 64), "cispo", 400)]
+    fig, _ = plot.figure(runs, "lengths")
+    (ax,) = fig.axes
+    drawn = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+    assert [x for x, _ in drawn] == [[s / n for s in range(1, until + 1)] for n, until in
+                                     ((300, 300), (300, 300), (2400, 2400), (2400, 2400), (400, 64))]
+    assert drawn[1][1][5:] == [s - 2.5 for s in range(6, 301)] and drawn[3][1][47:] == [s - 23.5 for s in
+                                                                                         range(48, 2401)]
+    assert ax.get_xlabel() == "share of the run's --steps"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ppo (300 steps)", "grpo (2400 steps)",
+                                                                  "cispo (400 steps)"]
+    # Within twice each other's length: the step axis, where equal steps line up.
+    fig, _ = plot.figure(runs[1:2] + [plot.Drawn("gspo", climb(1200, 1200), "gspo", 1200)], "steps")
+    assert fig.axes[0].get_xlabel() == "step (rollout batch)" and max(fig.axes[0].get_lines()[0].get_xdata()) == 2400
+
+
+def test_the_clip_panel_says_what_each_script_counts():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    # The same key counts five different events (each script's policy_loss): the legend names each script's, in its
+    # colour, once a script.
+    rows = [{"step": s, "clip_frac": 0.01} for s in (1, 2)]
+    runs = [plot.Drawn(script, rows, script, 2) for script in ("grpo", "gspo", "cispo", "sapo", "dapo", "ppo")]
+    fig, _ = plot.figure(runs + [plot.Drawn("grpo --seed 1", rows, "grpo", 2), plot.Drawn("copied", rows)], "clip")
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "share of tokens"
+    assert [(t.get_text(), line.get_color()) for t, line in zip(ax.get_legend().get_texts(),
+                                                                ax.get_legend().get_lines())] == [
+        ("grpo: tokens whose gradient the clip zeroes", "C0"), ("gspo: all tokens of each clipped sequence", "C1"),
+        ("cispo: tokens whose weight was capped", "C4"), ("sapo: tokens whose gate weight is < 1/2", "C5"),
+        ("dapo: tokens whose gradient the clip zeroes", "C2"), ("ppo: tokens whose gradient the clip zeroes", "C3"),
+        ("no script named: what its script counts", "C8")]
+    # One run: its line says it.
+    fig, _ = plot.figure(plot.Drawn(None, rows, "sapo", 2), "one")
+    assert lines(fig.axes[0]) == [("tokens whose gate weight is < 1/2", [0.01, 0.01])]
+    assert fig.axes[0].get_lines()[0].get_color() == "C5"
+
+
+def test_a_script_has_its_colour_in_every_figure_and_its_next_runs_shades_of_it():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+    rows = [{"step": 1, "eval_accuracy": 0.4}]
+    one = plot.colours([plot.Drawn("a", rows, "cispo"), plot.Drawn("b", rows, "grpo")])
+    other = plot.colours([plot.Drawn("b", rows, "grpo"), plot.Drawn("x", rows), plot.Drawn("a", rows, "cispo"),
+                          plot.Drawn("c", rows, "cispo"), plot.Drawn("d", rows, "cispo"),
+                          plot.Drawn("r", rows, "grpo", replay=True)])
+    assert one == ["C4", "C0"] and other[:3] == ["C0", "C8", "C4"] and other[5] == "C7"
+    # cispo's second run a darker shade of its purple, its third a lighter one: the same hue, told apart.
+    (hue, saturation, value), darker, lighter = (rgb_to_hsv(to_rgb(c)) for c in ("C4", other[3], other[4]))
+    assert darker[0] == pytest.approx(hue, abs=0.01) and lighter[0] == pytest.approx(hue, abs=0.01)
+    assert darker[2] < value - 0.2 and lighter[1] < saturation - 0.1 and len({"C4", other[3], other[4]}) == 3
 
 
 def test_every_panel_says_what_it_draws_and_in_what_unit():
@@ -184,7 +248,7 @@ def test_every_panel_says_what_it_draws_and_in_what_unit():
     assert [ax.get_yscale() for ax in fig.axes] == ["linear"] * 6 + ["log"]
     assert drawn == {
         "sampled reward and accuracy": ("mean over the step's completions",
-                                        [("reward_mean", [0.1, 0.1]), ("accuracy (share right)", [0.3, 0.3])]),
+                                        [("reward", [0.1, 0.1]), ("accuracy (share right)", [0.3, 0.3])]),
         "held-out accuracy (greedy)": ("share right", [(None, [0.45, 0.45])]),
         "completion length": ("tokens", [(None, [3.4, 3.4])]),
         "cut off at the limit": ("share of completions", [(None, [0.0, 0.0])]),
@@ -217,10 +281,10 @@ def test_the_title_says_what_ran_with_which_settings_and_how_it_ended(tmp_path, 
                       f"2 prompts × 4 completions a step, 2 minibatches, lr 0.0001; --steps 2 --eval-size 8 "
                       f"--beta 0.04\n"
                       f"held-out accuracy (greedy): base {base:.3f} → {final:.3f} at step 2"]
-    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled reward and accuracy, held-out "
-                                       f"accuracy (greedy), completion length, cut off at the limit, clip fraction, "
-                                       f"KL per token, routing drift since the rollout (MoE), |log r| of re-routed vs "
-                                       f"other tokens (MoE))\n")
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'metrics.png'} (sampled accuracy (its reward: 1 right, 0 "
+                                       f"wrong), held-out accuracy (greedy), completion length, cut off at the limit, "
+                                       f"clip fraction, KL per token, routing drift since the rollout (MoE), |log r| "
+                                       f"of re-routed vs other tokens (MoE))\n")
     # A script that is not there to give its defaults: the settings the second line names, no flags.
     import torch
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
