@@ -119,6 +119,7 @@ def pytest_configure(config):
                                        "cached (two workers building it side by side each lost that minute)")
     # With pytest-xdist (-n 2), tests go out one at a time, the long ones first, to whichever worker is free: the
     # workers end together. In xdist's default chunks one worker was given every long test and ran 150 s alone.
+    # --maxschedchunk is pytest-xdist 3.2's (requirements.txt); an older one would leave this unread.
     if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
         config.option.maxschedchunk = 1
 
