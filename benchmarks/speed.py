@@ -39,6 +39,7 @@ import cProfile
 import json
 import os
 import pstats
+import re
 import shutil
 import statistics
 import subprocess
@@ -138,38 +139,62 @@ def generation_table(device, repeats=2):
     return lines
 
 
-# The same question on the other kind of CPU the project was measured on (not rerun by --only threads).
-INTEL_THREADS = ("On 2 cores of an Intel Xeon with AMX (`python grpo.py --steps 80`, medians of 3): 1 thread "
-                 "0.089 s/step alone and 0.089 side by side (1.0×); 2 threads 0.085 alone and 1.94 side by side "
-                 "(22×). One thread is level with two alone there (on the AMD EPYC it takes 0.79× of their time), and many times "
-                 "faster beside other work on both.")
+THREADS = "## Threads: the toy alone and beside other work"
+THREAD_SETTINGS = {"1 thread (the default)": [], "2 threads (--threads 2)": ["--threads", "2"]}
 
 
 def threads_table(steps, side_steps, rounds, tmp):
     """`python grpo.py` as it runs by default (one thread) and on two threads (every core of a 2-core machine: the
     scripts' default before), each alone, alternating round by round, and two runs of one setting side by side, as
-    when anything else keeps the other core busy: seconds per step, median over the steps after the warm-up."""
-    settings = {"1 thread (the default)": [], "2 threads (--threads 2)": ["--threads", "2"]}
+    when anything else keeps the other core busy: seconds per step, median over the steps after the warm-up. Returns
+    this machine's block of the section (threads_block)."""
     flags = lambda n: ["--steps", str(n), "--device", "cpu"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}     # as a user's shell has it
-    alone = {name: [] for name in settings}
+    alone, side = {name: [] for name in THREAD_SETTINGS}, {}
     for _ in range(rounds):
-        for name, extra in settings.items():
+        for name, extra in THREAD_SETTINGS.items():
             rows = step_rows(run_script("grpo.py", flags(steps) + extra, Path(tmp) / "alone", env=env))
             alone[name].append(statistics.median(r["step_time_s"] for r in rows))
-    lines = [f"`python grpo.py` on `add` alone ({steps} steps, {rounds} rounds alternating) and two at once on the two "
-             f"cores ({side_steps} steps each): seconds per step, the median after {WARMUP} warm-up steps.", "",
-             "| threads | alone, each round | two runs side by side, each | side by side / alone |",
-             "| --- | --- | --- | --- |"]
-    for name, extra in settings.items():
+            print(f"  alone, {name}: {alone[name][-1]:.3f} s/step", flush=True)
+    for name, extra in THREAD_SETTINGS.items():
         with ThreadPoolExecutor(2) as pool:
             both = list(pool.map(lambda i: step_rows(run_script("grpo.py", flags(side_steps) + extra,
                                                                 Path(tmp) / f"side{i}", env=env)), (0, 1)))
-        side = [statistics.median(r["step_time_s"] for r in rows) for rows in both]
-        lines.append(f"| {name} | {', '.join(f'{s:.3f}' for s in alone[name])} | "
-                     f"{', '.join(f'{s:.3f}' for s in side)} | {max(side) / statistics.median(alone[name]):.1f}× |")
-        print(lines[-1], flush=True)
-    return lines
+        side[name] = [statistics.median(r["step_time_s"] for r in rows) for rows in both]
+        print(f"  side by side, {name}: {', '.join(f'{s:.3f}' for s in side[name])} s/step", flush=True)
+    return threads_block(os.cpu_count(), bench.cpu_name(), steps, side_steps, rounds, alone, side)
+
+
+def threads_block(cores, cpu, steps, side_steps, rounds, alone, side):
+    """The threads section's lines for the machine that measured them: `alone` {setting: s/step in each round},
+    `side` {setting: s/step of each of the two runs side by side}, settings as THREAD_SETTINGS; its first line names
+    the CPU (threads_section keeps other CPUs' blocks by it)."""
+    one, two = (statistics.median(alone[name]) for name in THREAD_SETTINGS)
+    slower = {name: max(side[name]) / statistics.median(alone[name]) for name in THREAD_SETTINGS}
+    cpu = cpu if cpu == "a CPU" else f"{'an' if cpu[:1].lower() in 'aeiou' else 'a'} {cpu}"    # bench.cpu_name's
+    lines = [f"On {cores} cores of {cpu}, nothing else running "
+             f"(`python benchmarks/speed.py --only threads`).", "",
+             f"`python grpo.py` on `add` alone ({steps} steps, {rounds} rounds alternating) and two at once on two "
+             f"cores ({side_steps} steps each): seconds per step, the median after {WARMUP} warm-up steps.", "",
+             "| threads | alone, each round | two runs side by side, each | side by side / alone |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {', '.join(f'{s:.3f}' for s in alone[name])} | {', '.join(f'{s:.3f}' for s in side[name])} "
+              f"| {slower[name]:.1f}× |" for name in THREAD_SETTINGS]
+    (one_side, two_side) = slower.values()
+    return lines + ["", f"Alone, one thread takes {one / two:.2f}× the time of two; beside another run, one thread "
+                        f"slows {one_side:.1f}×, two threads {two_side:.1f}×."]
+
+
+def threads_section(path, block):
+    """The threads section: this machine's block, then the blocks of the file at `path` that other CPUs measured (a
+    block starts with a line "On N cores of a CPU"), kept as they were."""
+    cpu = lambda line: re.match(r"On (\d+ cores? of an? .+?)(, | \()", line)
+    old = Path(path).read_text().split(f"\n{THREADS}\n")[1:] if Path(path).exists() else []
+    body = old[0].split("\n## ")[0].strip("\n").splitlines() if old else []
+    starts = [i for i, line in enumerate(body) if cpu(line)] + [len(body)]
+    others = [body[a:b] for a, b in zip(starts, starts[1:]) if cpu(body[a]).group(1) != cpu(block[0]).group(1)]
+    kept = [line for lines in others for line in ["\n".join(lines).strip(), ""]]     # each without its blank lines
+    return [THREADS, "", *block, "", *kept]
 
 
 def real_table(steps, rounds, tmp):
@@ -515,11 +540,8 @@ def main(argv=None):
                 lines += ["## Generation, 16 prompts × 8 completions: the KV cache", "",
                           *generation_table(args.device), ""]
             if "threads" in parts:
-                lines += ["## Threads: the toy alone and beside other work", "",
-                          f"On {os.cpu_count()} cores of an {bench.cpu_name()}, nothing else running "
-                          f"(`python benchmarks/speed.py --only threads`).", "",
-                          *threads_table(args.threads_steps, args.threads_side_steps, args.rounds, tmp), "",
-                          INTEL_THREADS, ""]
+                lines += threads_section(args.out, threads_table(args.threads_steps, args.threads_side_steps,
+                                                                 args.rounds, tmp))
             if "real" in parts:
                 lines += ["## The real model on a CPU: fp32 and bf16", "",
                           f"On {os.cpu_count()} cores of an {bench.cpu_name()}, nothing else running "
