@@ -116,16 +116,15 @@ def colours(runs):
 
 
 def as_runs(rows):
-    """figure's argument as Drawn runs: one run's rows, {legend: rows} of several, or Drawn runs."""
-    if isinstance(rows, dict):
-        return [Drawn(name, r) for name, r in rows.items()]
-    return [rows] if isinstance(rows, Drawn) else list(rows) if rows and isinstance(rows[0], Drawn) else \
-        [Drawn(None, rows)]
+    """figure's argument as a list of Drawn runs: one run's rows, a Drawn run, or a list of them."""
+    if isinstance(rows, Drawn):
+        return [rows]
+    return list(rows) if isinstance(rows[0], Drawn) else [Drawn(None, rows)]
 
 
 def figure(rows, title):
     """The panels of PANELS that the runs have, three a row, as a matplotlib figure; returns it and the panels'
-    titles. rows: one run's rows, {legend: rows} of several, or Drawn runs, drawn on the same panels."""
+    titles. rows: one run's rows, or Drawn runs, drawn on the same panels."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt

@@ -41,8 +41,8 @@ def assert_same(ours, theirs, atol=1e-5):
     assert ours.entropy is None or torch.allclose(ours.entropy, theirs.entropy, atol=atol)
 
 
-def same_rows(ours, theirs):
-    """The fraction of rows with the same tokens, mask and end in both rollouts (padded to the wider one)."""
+def differing_rows(ours, theirs):
+    """How many rows differ in their tokens, mask or end between the two rollouts (padded to the wider one)."""
     width = max(ours.mask.shape[1], theirs.mask.shape[1])
     def padded(r):                                                # the completion's tokens and mask
         extra = width - r.mask.shape[1]
@@ -51,7 +51,7 @@ def same_rows(ours, theirs):
     prompts = ours.tokens.shape[1] - ours.mask.shape[1]
     rows = ((a == b) | (ma == 0) & (mb == 0)).all(1) & (ma == mb).all(1) & (ours.finished == theirs.finished)
     rows &= (ours.tokens[:, :prompts] == theirs.tokens[:, :prompts]).all(1)
-    return rows.float().mean().item()
+    return int((~rows).sum())
 
 
 @pytest.mark.parametrize("temperature, greedy", [(1.0, False), (0.7, False), (1.0, True)])
@@ -119,6 +119,13 @@ CALLS = [(PROMPTS, 3, 0.7, False), (PROMPTS[:3], 1, 1.0, True), (PROMPTS, 3, 1.3
          (PROMPTS, 3, 0.7, False)]
 
 
+# In bf16 the two paths may part at a near tie. Measured over these calls with seeds 0-99 (500 calls, 2,100 rows) on an
+# AMD EPYC: under torch's AVX-512 kernels, its AVX2 ones and oneDNN held to AVX2 alike, 5 calls differed, each by one
+# row (seeds 5 and 21 in the first and last call, which draw the same; seed 64 in the third); under
+# ATEN_CPU_CAPABILITY=default none did; no greedy row ever differed. A call may differ by a quarter of its rows (3 of
+# a rollout's 12, 1 of an evaluation's 3): three times the most seen, and far below what another draw gives (below).
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_compiled_after_a_rollout_and_an_evaluation_nothing_compiles_again(hf_dense, compiled, bf16):
     """One graph for sampling, one for greedy decoding, whatever the temperature, and an evaluation batch padded to
@@ -126,11 +133,18 @@ def test_compiled_after_a_rollout_and_an_evaluation_nothing_compiles_again(hf_de
     counter = compiled()
     model, world, encode = tiny(hf_dense)
     model.bf16 = bf16
+    if bf16:                    # the room below catches a path that samples otherwise: another seed differs more
+        world.static_cache = False
+        draws = []
+        for seed in (3, 4):
+            torch.manual_seed(seed)
+            draws.append(common.generate(model, world, encode(PROMPTS), 3, 0.7))
+        assert differing_rows(*draws) > len(draws[0].mask) // 4
     graphs = []
     for prompts, group_size, temperature, greedy in CALLS:
         today, static = both_ways(model, world, encode(prompts), temperature, greedy, group_size)
         if bf16:                # two bf16 paths round differently: a near tie can sample another token
-            assert same_rows(static, today) >= 0.9
+            assert differing_rows(static, today) <= max(1, len(today.mask) // 4)
         else:
             assert_same(static, today)
         graphs.append(counter.frame_count)
