@@ -1,4 +1,4 @@
-"""docs/models.md's "Graduating to TRL or verl" table and ppo.py's verl defaults, checked against the installed verl
+"""The mapping table of docs/ (TRL's and verl's names for each setting) and ppo.py's verl defaults, checked against the installed verl
 and TRL: `pip install --no-deps verl==0.9.1 trl==1.16.0` is enough (CI does it), and `pip install datasets==5.2.0`
 runs the printed TRL program; without them those checks skip."""
 import ast
@@ -25,8 +25,9 @@ import ppo
 import sapo
 from extras import graduate, hf_models
 
-# The mapping table lives in docs/models.md, which README.md links to; the messages below call it README's table.
-MAPPING_DOC = Path(__file__).resolve().parent.parent / "docs" / "models.md"
+# The mapping table: the section of docs/ whose table starts "| here | TRL | verl |", which README.md links to; the
+# messages below call it README's table.
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 # Values in the table that stand for the user's numbers, not for a literal setting.
 PLACEHOLDERS = {"P", "G", "L_max", "L_cache", "R", "A"}
 # One table key, with or without a value: `epsilon`, `rollout.n=G`, `+reward.reward_kwargs.max_resp_len=L_max`.
@@ -35,7 +36,8 @@ KEY = re.compile(r"(\+?[A-Za-z_][\w.]*)(?:=(.+))?")
 
 def table_cells(column):
     """The backticked keys of one column (1: TRL, 2: verl) of the table, row by row."""
-    section = MAPPING_DOC.read_text().split("\n## Graduating to TRL or verl\n")[1].split("\n## ")[0]
+    section = next(part for path in sorted(DOCS.glob("*.md")) for part in path.read_text().split("\n## ")
+                   if "\n| here | TRL | verl |\n" in part)
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| here")]
     cells = [re.split(r"(?<!\\)\|", row)[column + 1] for row in rows]
     return [[m.groups() for m in map(KEY.fullmatch, re.findall(r"`([^`]+)`", cell)) if m] for cell in cells]
