@@ -110,7 +110,8 @@ def pooled(rows):
             here = [r for r in runs if r["cpu"] == cpu]
             kernels = sorted({r["kernels"] for r in here}, key=list(KERNELS).index)
             seeds = sorted({r["seed"] for r in here})
-            groups.append((f"{arm} on {cpu}: seeds {','.join(map(str, seeds))}, {' and '.join(kernels)} kernels",
+            groups.append((f"{arm} on {cpu}: seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}, "
+                           f"{' and '.join(kernels)} kernels",
                            here))
         if len(cpus) > 1:
             groups.append((f"{arm} on every CPU above", runs))
@@ -172,7 +173,7 @@ def figure(rows, path):
     if not runs:
         return False
     usual = statistics.mode(r["steps"] for r in runs.values())
-    fig, ax = bench.subplots(figsize=(9, 5))
+    fig, ax = bench.subplots(figsize=(11, 5))
     for arm, r in runs.items():
         steps, accs = zip(*r["curve"])
         label = f"{arm} ({r['steps']} steps)" if r["steps"] != usual else arm
@@ -187,7 +188,7 @@ def figure(rows, path):
            title=f"Each script as `python <script>` runs it, seed 0: {cpu}, {kernels} kernels "
                  f"({runs[next(iter(runs))]['capability']}), one thread")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))   # beside, not over, the curves
     bench.save_figure(fig, path)
     print(f"wrote {path}")
     return True
@@ -215,8 +216,8 @@ def report():
                      f"{statistics.mean(r['wall_seconds'] for r in runs) / 60:.1f} |")
     lines += ["", "s/step: the training loop's mean time a step (evaluation left out); wall min: the whole process's "
                   "mean, its warm start from an empty cache included. Both with two runs side by side on 2 "
-                  "cores, with whatever else the machine ran (the AMD EPYC's \"own\" grpo seed 1 shared it with a "
-                  "test suite: 4x slower); quiet timings are in speed.md."]
+                  "cores, with whatever else the machine ran: the AMD EPYC's \"own\" runs of seed 0 and grpo's seed 1 "
+                  "shared it with test suites (3-4x slower). Quiet timings are in speed.md."]
     groups = pooled(rows)
     if groups:
         lines += ["", "## Finals pooled", "", "How far a final moves with seed and kernels: every run of a script "
