@@ -112,18 +112,21 @@ def test_a_default_toy_run_imports_no_side_module_and_no_transformers(tmp_path):
     assert (tmp_path / "run" / "model").is_dir()                        # the run went to its end
 
 
-def test_the_readme_says_what_a_copier_takes_in_lines():
-    lines = lambda *names: sum(len((ROOT / name).read_text().splitlines()) for name in names)
-    toy = lines("grpo.py", "common.py", "moe_model.py")
-    real = lines(*[f"extras/{name}" for name in ("__init__.py", "hf_models.py", "hf_routing.py", "rewards.py")])
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"({toy:,} lines with `grpo.py`)" in readme and f"`rewards.py` ({real:,} more)" in readme
-    # Every file of extras/ is named, with what it brings
-    assert all(f"`{path.name}`" in readme for path in (ROOT / "extras").glob("*.py")), "a file of extras/ unnamed"
+def test_the_readme_s_copy_table_gives_each_file_s_lines():
+    # Rows of README's "Copy, read, test" table: | `path` ... | lines | needed for |
+    text = (ROOT / "README.md").read_text().split("\n## Copy, read, test\n")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `([^`]+)`[^|]* \| ([\d,]+) \|", text, re.M)
+    assert len(rows) >= 4, "README's copy table not read"
+    for path, lines in rows:
+        assert int(lines.replace(",", "")) == len((ROOT / path).read_text().splitlines()), f"README: {path} has {lines}"
+    # Every file of extras/ has its row, with what it brings
+    named = {path for path, _ in rows}
+    assert {f"extras/{path.name}" for path in (ROOT / "extras").glob("*.py")} <= named, "a file of extras/ unnamed"
+    assert {"grpo.py", "common.py", "moe_model.py"} <= named
 
 
-def test_the_readme_s_gsm8k_conversion_gives_rows_the_scripts_read_and_score(tmp_path):
-    code = re.search(r"```python\n# to_jsonl.py:.*?\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+def test_the_docs_gsm8k_conversion_gives_rows_the_scripts_read_and_score(tmp_path):
+    code = re.search(r"```python\n# to_jsonl.py:.*?\n(.*?)```", (ROOT / "docs" / "models.md").read_text(), re.S).group(1)
     gsm8k = [{"question": "Tom has 3 boxes of 12 eggs. How many eggs?", "answer": "3 * 12 = 36 eggs.\n#### 36"},
              {"question": "What is 1,000 + 200?", "answer": "1,000 + 200 = 1,200\n#### 1,200"}]
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in gsm8k))
