@@ -187,7 +187,7 @@ def test_the_readme_s_real_model_figures_are_real_md_s():
     assert {row["CPU"] for row in table(RESULTS / "real.md", "### By CPU (bf16 autocast)") if row["arm"] == "grpo bf16"} \
         == {"AMD EPYC"}
     per_step = lambda arm: arms[arm]["completions/step"].split(" ±")[0]
-    assert f"It samples {per_step('dapo bf16')} completions a step, the others {per_step('grpo bf16')}." in README
+    assert f"It samples {per_step('dapo bf16')} completions a step, the others {per_step('grpo bf16')} " in README
     pairs = {(row["arm A"], row["arm B"]): row for row in table(RESULTS / "real.md", "### Each arm against each other (bf16")}
     for a, b, words in [("gspo bf16", "dapo bf16", "above gspo (+{})"), ("dapo bf16", "cispo bf16", "cispo (+{})")]:
         row = pairs[(a, b)]
