@@ -269,14 +269,17 @@ def test_merge_lora_merges_into_a_base_loaded_again_on_the_cpu_not_into_a_copy_o
 
 
 @needs_peft
-def test_resuming_without_merge_lora_removes_the_merged_model_it_would_leave_stale(hf_dense, jsonl, tmp_path, capsys):
+def test_a_resumed_merge_lora_run_merges_again_so_its_model_is_never_stale(hf_dense, jsonl, tmp_path, capsys):
+    # A resume continues the run with its own settings: --merge-lora included, so DIR/model is the resumed policy's.
     out = tmp_path / "run"
     assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--merge-lora", "--steps", "1", "--out", str(out)))[0] == 0
     assert f"checkpoint, metrics, adapter/ and model/ in {out}" in capsys.readouterr().out
-    assert (out / "model").is_dir()
-    assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--resume", str(out)))[0] == 0   # to step 2, no merge
-    assert sorted(f.name for f in out.iterdir()) == ["adapter", "checkpoint.pt", "eval_correct.jsonl", "metrics.jsonl"]
-    assert f"checkpoint, metrics and adapter/ in {out}" in capsys.readouterr().out
+    from transformers import AutoModelForCausalLM
+    first = logprobs(AutoModelForCausalLM.from_pretrained(out / "model"), TOKENS)
+    assert run(grpo, lora_argv(hf_dense, jsonl, tmp_path, "--resume", str(out)))[0] == 0   # on to step 2
+    assert f"checkpoint, metrics, adapter/ and model/ in {out}" in capsys.readouterr().out
+    second = logprobs(AutoModelForCausalLM.from_pretrained(out / "model"), TOKENS)
+    assert not torch.allclose(first, second)                        # step 2's merge, not step 1's left behind
 
 
 def test_a_checkpoint_from_before_the_lora_settings_resumes_with_them_at_their_defaults(tmp_path, capsys):
