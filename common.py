@@ -1,4 +1,4 @@
-"""The main path the four algorithm scripts share; they import it, it imports moe_model.py, and a module of extras/
+"""The main path the six algorithm scripts share; they import it, it imports moe_model.py, and a module of extras/
 only when a flag asks for one (--model, --data, --reward, --print-verl...: extras/__init__.py lists them). It reads
 in the order a training step calls it:
 
