@@ -65,8 +65,7 @@ def check(ok, message):
         raise UsageError(message)
 
 
-# The other files of extras/ that a module of it imports when it is imported (tests/test_errors.py holds this to them).
-EXTRAS_NEEDS = {"hf_models": ["hf_routing", "rewards"]}
+EXTRAS_NEEDS = {"hf_models": ["hf_routing", "rewards"]}   # what a module of extras/ imports (tests/test_errors.py)
 
 
 def side_module(name, flag):
@@ -77,10 +76,9 @@ def side_module(name, flag):
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("extras"):
             raise                                                   # a package missing: its own message says which
-        here = Path(__file__).resolve().parent
         needed = ["extras/__init__.py"] + [f"extras/{m}.py" for m in [name, *EXTRAS_NEEDS.get(name, [])]]
-        missing = [f for f in needed if not (here / f).is_file()] or [
-            "extras/__init__.py" if e.name == "extras" else f"{e.name.replace('.', '/')}.py"]
+        here = Path(__file__).resolve().parent
+        missing = [f for f in needed if not (here / f).is_file()] or [f"{e.name.replace('.', '/')}.py"]
         raise UsageError(f"{flag} needs {listed(missing)} beside common.py (extras/__init__.py lists what each file of "
                          f"extras/ is for); copy {'them' if len(missing) > 1 else 'it'} from the project") from None
 
@@ -570,11 +568,9 @@ def warm_start(world, cfg, task, target=0.4, batch_size=256, lr=3e-3, ema=0.95, 
     an exponential moving average (EMA) of the weights on the held-out prompts (world.eval; all 500 of
     them) reaches `target`, and returns that average. A fixed number of steps would stop on a steep,
     jagged part of the learning curve, where a CPU's rounding or the seed moves the base by 0.2; the
-    average climbs smoothly (~0.01 a step), so every machine and seed stops at 0.40-0.42. Cached on
-    disk keyed by every setting and by the CPU kernels in use (ATEN_CPU_CAPABILITY: other kernels sum in another
-    order, so a run on AVX2's starts from a base built on them, as on a CPU that has no more), so only the first run
-    pays for it (on 2 CPU cores, benchmarks/results/bases.md: 5 s for `add`, 46 s for `chain` at its default length,
-    146 s at 100 tokens). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
+    average climbs smoothly (~0.01 a step), so every machine and seed stops at 0.40-0.42. Cached on disk, keyed
+    by every setting and the CPU kernel set (other kernels sum in another order), so only the first run pays
+    (benchmarks/results/bases.md). Cache folder: $RL_CACHE_DIR, default ~/.cache/llm-rl-reference."""
     key = json.dumps([dataclasses.asdict(cfg), target, batch_size, lr, ema, aux_coef, seed, max_steps,
                       task.ramble_share, world.max_new_tokens if task.ramble else None,
                       [(p.tolist(), a) for p, a in world.train[:50]], len(world.train), len(world.eval),
@@ -798,10 +794,8 @@ def arg(default, help):
 
 
 def parse_args(cls, doc, argv=None):
-    """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`,
-    a bool defaulting to False becomes a switch `--x`, one defaulting to True becomes `--no-x`. The arguments keep
-    the names of the settings given on the command line in `given` (--resume goes on to the run's own --steps unless
-    --steps is given again)."""
+    """Build a parser from the dataclass `cls`: field `max_new_tokens` becomes `--max-new-tokens`, a bool defaulting
+    to False a switch `--x`, one defaulting to True `--no-x`. `args.given` names the settings given (for --resume)."""
     script = Path(sys.argv[0]).name
     summary = "\n\n".join(doc.split("\n\n")[:2])      # the title and what it is; the rest of the guide is in the file
     parser = Parser(description=f"{summary}\n\nThe formula, how to run it and what to expect: the docstring at the top "
@@ -891,11 +885,9 @@ def check_common_args(args, min_group_size=2):
 
 def set_threads(args):
     """CPU threads follow the model, as --lr does. The first of: --threads; OMP_NUM_THREADS; else one on the toy (its
-    matrices are too small to share: two threads spin waiting for each other, slower alone and many times slower
-    beside any other busy process; benchmarks/results/speed.md) and with --model torch's default, every core (its
-    matrices fill them). That default is read when the run starts, from get_num_interop_threads, which
-    torch.set_num_threads never changes: a program's imports and its calls of set_num_threads, in whatever order,
-    leave a run's count alone (--threads is how a program chooses). The run sets torch's count."""
+    matrices are too small to share: two threads spin waiting for each other; benchmarks/results/speed.md) and with
+    --model every core, read from get_num_interop_threads, which torch.set_num_threads never changes: a program's
+    imports and set_num_threads calls leave a run's count alone (--threads is how a program chooses)."""
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if args.threads is None and omp:
         check(omp.isdigit() and int(omp) > 0, f"OMP_NUM_THREADS must be a positive count, got {omp!r}")
@@ -954,10 +946,8 @@ MAX_BAD_STEPS = 3  # stop after this many steps in a row with a non-finite loss 
 
 
 def check_run_folder(args):
-    """--out and --resume, checked before anything is built or printed, so that a refusal is the run's one line. A
-    resumed run's checkpoint and metrics must be readable. It continues the run with that run's own settings, --steps
-    included, but for those given again: any of RESUMABLE, others only as they were. Where it runs is this run's:
-    --out, --threads."""
+    """--out and --resume, checked before anything is built, so a refusal is the run's one line. A resume takes its
+    run's settings (--steps too) but those given again: any of RESUMABLE, others only as they were."""
     if not args.resume:
         check(not args.out or not (Path(args.out) / "checkpoint.pt").exists(),
               f"--out {args.out} already holds a run; continue it with --resume {args.out}, or choose another folder "
@@ -1058,8 +1048,7 @@ class Run:
     `state` maps names to everything with a state_dict (policy, optimizer, a critic...); the first
     entry is the policy. A checkpoint holds those, the step, every random generator's state and the
     arguments; it is written to a temporary file and renamed, so a crash never leaves half of one.
-    Ctrl-C or SIGTERM finishes the current step, saves, exports, and stops; a second one stops at once. The run's
-    folder was checked before anything was built (check_common_args: check_run_folder)."""
+    Ctrl-C or SIGTERM finishes the current step, saves, exports, and stops; a second one stops at once."""
 
     def __init__(self, algorithm, args, world, state):
         self.algorithm, self.args, self.world, self.state = algorithm, args, world, state

@@ -156,11 +156,9 @@ def verl_command(algorithm, args):
         train, test = verl_data_paths(args)
         head.append(f"# first, --data as verl's parquet: python {algorithm}.py --model {args.model} --data {args.data} "
                     f"--eval-size {args.eval_size} --export-verl-data {Path(train).parent}")
-    if args.data or args.reward:
-        head.append(f"# run from {ROOT}: the reward (extras/graduate.py's verl_reward) imports common.py "
-                    f"from there")
     if args.data or args.reward:                          # verl_reward scores with extras/rewards.py
-        head += lacking(["rewards"])
+        head += [f"# run from {ROOT}: the reward (extras/graduate.py's verl_reward) imports common.py from there",
+                 *lacking(["rewards"])]
     overrides = verl_overrides(algorithm, args)
     notes = model_lr_note(args) + [line for line in overrides if line.startswith("#")]
     keys = [line for line in overrides if not line.startswith("#")]

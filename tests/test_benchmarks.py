@@ -592,16 +592,27 @@ def test_compare_checks_for_matplotlib_before_any_run(monkeypatch, capsys):
     assert "pip install -r benchmarks/requirements.txt" in err[0]
 
 
-def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, monkeypatch):
+def spread_record(cpu, kernels, arm, seed, final, curve=None, steps=2400):
+    return {"cpu": cpu, "kernels": kernels, "capability": kernels.upper(), "arm": arm, "seed": seed, "base": 0.4,
+            "final": final, "sampled_start": 0.2, "sampled_end": 0.6, "steps": steps, "train_seconds": 1.0,
+            "wall_seconds": 2.0} | ({"curve": curve} if curve else {})
+
+
+def spread_report(tmp_path, monkeypatch, records):
+    """spread.md as spread.report writes it from these records."""
     import spread
-    records = [{"cpu": "X", "kernels": k, "capability": k.upper(), "arm": "grpo", "seed": seed, "base": 0.4,
-                "final": final, "sampled_start": 0.2, "sampled_end": 0.6, "steps": 10, "train_seconds": 1.0,
-                "wall_seconds": 2.0} for k, seed, final in [("own", 0, 0.7), ("own", 1, 0.6), ("avx2", 0, 0.5)]]
     (tmp_path / "spread.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
     monkeypatch.setattr(spread, "RESULTS", tmp_path)
     spread.report()
-    text = (tmp_path / "spread.md").read_text()
+    return (tmp_path / "spread.md").read_text()
+
+
+def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, monkeypatch):
+    import spread
+    records = [spread_record("X", k, "grpo", seed, final, steps=10)
+               for k, seed, final in [("own", 0, 0.7), ("own", 1, 0.6), ("avx2", 0, 0.5)]]
+    text = spread_report(tmp_path, monkeypatch, records)
     # own: mean 0.65, std sqrt(0.005) = 0.0707; avx2 one run; all three, pooled on CPU X: mean 0.6, std 0.1
     assert "| grpo | X | own (OWN) | 0,1 | 0.400 ± 0.000 (0.400-0.400) | 0.650 ± 0.071 (0.600-0.700) |" in text
     assert "| grpo | X | avx2 (AVX2) | 0 | 0.400 | 0.500 | 0.600 | 0.100 |" in text
@@ -611,21 +622,10 @@ def test_spread_reports_each_script_cpu_and_kernel_set_over_its_seeds(tmp_path, 
     assert spread.kernels_env("own") == {} and spread.kernels_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2"}
 
 
-def spread_record(cpu, kernels, arm, seed, final, curve=None, steps=2400):
-    return {"cpu": cpu, "kernels": kernels, "capability": kernels.upper(), "arm": arm, "seed": seed, "base": 0.4,
-            "final": final, "sampled_start": 0.2, "sampled_end": 0.6, "steps": steps, "train_seconds": 1.0,
-            "wall_seconds": 2.0} | ({"curve": curve} if curve else {})
-
-
 def test_spread_pools_each_cpus_runs_of_a_script_over_seeds_and_kernel_sets(tmp_path, monkeypatch):
-    import spread
     records = [spread_record("X", "own", "grpo", 0, 0.7), spread_record("X", "avx2", "grpo", 1, 0.6),
                spread_record("Y", "own", "grpo", 0, 0.5), spread_record("Y", "own", "gspo", 0, 0.9)]
-    (tmp_path / "spread.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    monkeypatch.setattr(spread, "RECORDS", tmp_path / "spread.jsonl")
-    monkeypatch.setattr(spread, "RESULTS", tmp_path)
-    spread.report()
-    text = (tmp_path / "spread.md").read_text()
+    text = spread_report(tmp_path, monkeypatch, records)
     # X: 0.7 and 0.6, mean 0.65, std sqrt(0.005) = 0.0707; Y has one grpo run: no line; both CPUs: 0.6 ± 0.1.
     assert "| grpo on X: seeds 0,1, own and avx2 kernels | 2 | 0.650 ± 0.071 (0.600-0.700) |" in text
     assert "| grpo on every CPU above | 3 | 0.600 ± 0.100 (0.500-0.700) |" in text
