@@ -96,10 +96,11 @@ class Rollout:
     mask: torch.Tensor            # [N, T] 1 on completion tokens up to and including the first EOS
     finished: torch.Tensor        # [N] bool, the completion ended with EOS (not truncated)
     entropy: torch.Tensor = None  # [N, T] entropy of the distribution each token was sampled from, 0 after
+    sampler_logp: torch.Tensor = None  # [N, T] the log-prob of each token where it was sampled, 0 after
 
     def __getitem__(self, idx):
         return Rollout(self.tokens[idx], self.attention_mask[idx], self.mask[idx], self.finished[idx],
-                       None if self.entropy is None else self.entropy[idx])
+                       *(None if x is None else x[idx] for x in (self.entropy, self.sampler_logp)))
 
     @property
     def completions(self):
@@ -110,37 +111,51 @@ class Rollout:
 def generate(model, world, prompts, group_size, temperature, greedy=False, use_cache=True):
     """Sample `group_size` completions for each prompt in one batch, reusing the KV cache.
     Rows are grouped: rows g*G .. g*G+G-1 are the completions of prompt g. use_cache=False runs
-    the whole sequence again for every new token (what the cache saves; benchmarks/speed.py)."""
+    the whole sequence again for every new token (what the cache saves; benchmarks/speed.py).
+    The rollout keeps the log-prob of each sampled token (sampler_logp): where the sampler is the policy, the old
+    policy's log-probs without another forward pass (old_logprobs)."""
     device = next(model.parameters()).device
     tokens, attention_mask = left_pad([p for p in prompts for _ in range(group_size)], world.pad_id)
     tokens, attention_mask = tokens.to(device), attention_mask.to(device)
     N, P = tokens.shape
-    new, entropy, alive = [], [], torch.ones(N, dtype=torch.bool, device=device)
+    new, chosen, entropy, alive = [], [], [], torch.ones(N, dtype=torch.bool, device=device)
     eos_ids = torch.tensor(world.eos_ids, device=device)
     with sampling_mode(model):
         if world.static_cache and use_cache:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
             static_decode = side_module("static_decode", "--static-cache")
-            new, entropy = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
+            new, entropy, *kept = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
+            chosen = kept[0] if kept else []                    # the log-probs of its tokens, where it keeps them
         else:
-            logits, cache = forward(model, tokens, attention_mask)
-            for t in range(world.max_new_tokens):
-                next_logits = mask_logits(logits / temperature, world)
-                if greedy:
-                    token = next_logits.argmax(-1)
-                else:
-                    logp = F.log_softmax(next_logits, dim=-1)
-                    token = torch.multinomial(logp.exp(), 1).squeeze(1)
-                    entropy.append(-(logp.exp() * logp).sum(-1))
-                token = torch.where(alive, token, world.pad_id)
-                new.append(token)
-                alive = alive & ~torch.isin(token, eos_ids)
-                if t == world.max_new_tokens - 1 or not alive.any():  # one host sync per token, to stop early
-                    break
-                attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
-                if use_cache:
-                    logits, cache = forward(model, token[:, None], attention_mask, cache)
-                else:
-                    logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
+            logits, cache = prefill(model, tokens, attention_mask, group_size if use_cache else 1)
+            rows = torch.arange(N, device=device)          # the rows in the batch (dropping_ended takes ended ones out)
+            with decode_attention(model):
+                for t in range(world.max_new_tokens):
+                    next_logits = mask_logits(logits if temperature == 1 else logits / temperature, world)
+                    token = torch.full((N,), world.pad_id, device=device)
+                    if greedy:
+                        token[rows] = next_logits.argmax(-1)
+                    else:
+                        logp = F.log_softmax(next_logits, dim=-1)
+                        probs = logp.exp()
+                        token[rows] = draw(model, probs)
+                        entropy.append(torch.zeros(N, device=device).index_copy(0, rows, -(probs * logp).sum(-1)))
+                        chosen.append(torch.zeros(N, device=device).index_copy(
+                            0, rows, logp.gather(-1, token[rows, None]).squeeze(1)))
+                    token = torch.where(alive, token, world.pad_id)
+                    new.append(token)
+                    alive = alive & ~torch.isin(token, eos_ids)
+                    left = int(alive.sum())                      # one host sync per token, to stop early
+                    if t == world.max_new_tokens - 1 or left == 0:
+                        break
+                    attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], 1)
+                    if use_cache and dropping_ended(model, left, len(rows)):
+                        kept = alive[rows].nonzero().squeeze(1)
+                        rows = rows[kept]
+                        cache.batch_select_indices(kept)
+                    if use_cache:
+                        logits, cache = forward(model, token[rows, None], attention_mask[rows], cache)
+                    else:
+                        logits, _ = forward(model, torch.cat([tokens, torch.stack(new, 1)], 1), attention_mask)
     completion = torch.stack(new, 1)                                     # [N, T]
     is_eos = torch.isin(completion, eos_ids)
     finished = is_eos.any(1)
@@ -148,8 +163,64 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
     completion = completion.masked_fill(~mask, world.pad_id)
     entropy = torch.stack(entropy, 1) * mask if entropy else None
+    sampler_logp = torch.stack(chosen, 1).masked_fill(~mask, 0.0) if chosen else None    # --static-cache keeps none
     return Rollout(torch.cat([tokens, completion], 1), torch.cat([attention_mask[:, :P], mask.long()], 1),
-                   mask.float(), finished, entropy)
+                   mask.float(), finished, entropy, sampler_logp)
+
+
+def dropping_ended(model, left, rows):
+    """Whether the rows that have ended leave the batch now, with their KV cache: once a quarter of those in it have
+    ended (a copy of the cache each time, a handful of times a rollout), for a Hugging Face model. Each decode step
+    then computes only the rows still writing (real.py's completions end after 8-64 tokens: a fifth of the decode
+    steps' rows had ended). The toy keeps every row, as its recorded runs did."""
+    return left <= 3 * rows // 4 and not isinstance(model, MoETransformer)
+
+
+def prefill(model, tokens, attention_mask, group_size):
+    """The prompts' forward pass, once for each prompt: a group's G rows share their prompt, so a Hugging Face model
+    runs it on one row of each group and repeats the KV cache and the last logits G times (real.py's prompts, 39
+    tokens, cost a tenth of the generation when run for every row). The toy's prompts are 6 tokens: it runs every row,
+    as its recorded runs did."""
+    if group_size == 1 or isinstance(model, MoETransformer):
+        return forward(model, tokens, attention_mask)
+    logits, cache = forward(model, tokens[::group_size], attention_mask[::group_size])
+    cache.batch_repeat_interleave(group_size)
+    return logits.repeat_interleave(group_size, 0), cache
+
+
+@contextlib.contextmanager
+def decode_attention(model):
+    """On a CPU under bf16, the decode steps attend with transformers' eager attention (two matrix products): torch's
+    CPU attention kernel (scaled_dot_product_attention) takes several times as long for one query a row, a quarter of
+    the real model's generation (benchmarks/results/speed.md). The prompts keep it: eager attention would hold a
+    [rows, heads, prompt, prompt] matrix."""
+    body = model.get_base_model() if is_lora(model) else model
+    bf16 = getattr(model, "bf16", False) or next(model.parameters()).dtype == torch.bfloat16
+    if isinstance(model, MoETransformer) or next(model.parameters()).device.type != "cpu" or not bf16:
+        yield
+        return
+    was = body.config._attn_implementation
+    body.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        body.set_attn_implementation(was)
+
+
+def draw(model, probs):
+    """One token a row from probs [N, V]. torch.multinomial draws an exponential number for every entry of the
+    vocabulary (for SmolLM2's 49,152, a sixth of its generation on a CPU); a Hugging Face model draws by the inverse
+    of the cumulative distribution, one uniform number a row (inverse_cdf). The toy keeps multinomial, with which its
+    recorded runs drew (a 16-token vocabulary)."""
+    return torch.multinomial(probs, 1).squeeze(1) if isinstance(model, MoETransformer) else inverse_cdf(probs)
+
+
+def inverse_cdf(probs):
+    """probs [N, V] -> one token a row: the first whose cumulative probability (in fp64) exceeds a uniform number
+    times the row's total. A token of probability 0 adds nothing to the sum, so it is never the first to exceed it."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 @contextlib.contextmanager
@@ -243,29 +314,34 @@ def rewards_of(world, rollout, answers, group_size):
 LOGITS_CHUNK = 2**24
 
 
-def logprobs(model, world, rollout, temperature, routing=None):
+def logprobs(model, world, rollout, temperature, routing=None, entropy=True):
     """Per-token log-probs of the sampled completion tokens under `model`, from logits / temperature
     (the sampling distribution), in one forward pass. Returns logp [N, T] (0 on padding), the entropy of
-    the sampling distribution at each completion token [N, T] (no gradient; 0 on padding), the router's
+    the sampling distribution at each completion token [N, T] (no gradient; 0 on padding; None with
+    entropy=False, which the update asks: it reads the rollout's), the router's
     choice at every input position [n_layers, N, P+T-1, k] (None for dense models) and the load-balancing
     loss. `routing` (same shape) replays recorded experts: Routing Replay.
 
     The full logits [N, T, V] are never held: with a real vocabulary they would be the largest tensor of
     the step (16 x 512 x 151,936 in fp32 is 5 GB, several copies at the peak). The head runs over chunks
-    of completion tokens; with gradients each chunk is recomputed in the backward instead of kept."""
+    of completion tokens; with gradients each chunk but the last is recomputed in the backward instead of
+    kept. The last is the first the backward needs, so keeping it adds nothing to the peak."""
     cut, start, end = needed_columns(rollout)
     with autocast(model):
-        hidden, chosen, aux_loss = trunk(model, cut.tokens[:, :-1], cut.attention_mask[:, :-1],
-                                         None if routing is None else routing[:, :, start:end - 1])
         P, kept = cut.tokens.shape[1] - cut.mask.shape[1], cut.mask.bool()
+        hidden, chosen, aux_loss = trunk(model, cut.tokens[:, :-1], cut.attention_mask[:, :-1],
+                                         None if routing is None else routing[:, :, start:end - 1], prompt=P)
         hidden, targets = hidden[:, P - 1:][kept], cut.completions[kept]      # position P+t-1 predicts token t
         chunk = max(1, LOGITS_CHUNK // output_head(model).weight.shape[0])
-        parts = [checkpoint(token_logprobs, model, world, h, y, temperature, use_reentrant=False)
-                 if torch.is_grad_enabled() else token_logprobs(model, world, h, y, temperature)
-                 for h, y in zip(hidden.split(chunk), targets.split(chunk))]
+        sizes = [len(targets) % chunk] * (len(targets) % chunk > 0) + [chunk] * (len(targets) // chunk)
+        pieces = list(zip(hidden.split(sizes), targets.split(sizes)))        # the remainder first, a whole chunk last
+        parts = [checkpoint(token_logprobs, model, world, h, y, temperature, entropy, use_reentrant=False)
+                 if torch.is_grad_enabled() and i < len(pieces) - 1 else token_logprobs(model, world, h, y, temperature,
+                                                                                         entropy)
+                 for i, (h, y) in enumerate(pieces)]
     zeros, valid = torch.zeros(rollout.mask.shape, device=hidden.device), rollout.mask.bool()   # the same tokens
     logp = zeros.masked_scatter(valid, torch.cat([p[0] for p in parts]))
-    entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts]))
+    entropy = zeros.masked_scatter(valid, torch.cat([p[1] for p in parts])) if entropy else None
     if chosen is not None:     # the routing of every input position; expert 0 on the columns cut (only padding):
         # replayed there (a wider minibatch) it routes tokens no counted position sees (masked, or after the answer),
         # and the routing metrics read completion tokens only. A value no expert has would break replay's indexing.
@@ -290,12 +366,16 @@ def needed_columns(rollout):
                    rollout.finished), start, end
 
 
-def token_logprobs(model, world, hidden, targets, temperature):
-    """hidden [n, D] -> log-prob of each target token [n] and the entropy of the distribution [n]."""
-    all_logp = F.log_softmax(mask_logits(head_logits(model, hidden) / temperature, world), dim=-1)    # [n, V]
+def token_logprobs(model, world, hidden, targets, temperature, entropy=True):
+    """hidden [n, D] -> log-prob of each target token [n] and the entropy of the distribution [n] (None with
+    entropy=False)."""
+    logits = head_logits(model, hidden)
+    all_logp = F.log_softmax(mask_logits(logits if temperature == 1 else logits / temperature, world), dim=-1)
+    logp = all_logp.gather(-1, targets[:, None]).squeeze(-1)
+    if not entropy:
+        return logp, None
     with torch.no_grad():
-        entropy = -(all_logp.exp() * all_logp).sum(-1)
-    return all_logp.gather(-1, targets[:, None]).squeeze(-1), entropy
+        return logp, -(all_logp.exp() * all_logp).sum(-1)
 
 
 @torch.no_grad()
@@ -313,10 +393,141 @@ def fixed_logprobs(model, world, rollout, temperature, chunks):
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), routing
 
 
-def trunk(model, tokens, attention_mask, routing=None):
+@torch.no_grad()
+def old_logprobs(policy, sampler, world, rollout, temperature, chunks, every_row=False):
+    """The old policy's log-probs [N, T] (the weights that sampled the batch, before the update) and its routing
+    [L, N, P+T-1, k] (None for dense models), for the minibatches after the first: the first minibatch's own forward
+    pass gives them (the policy has not moved since it sampled), so its ratio is exactly 1.
+
+    Where the sampler is the policy itself and no routing is to be recorded (a dense model), they are the log-probs
+    the sampler kept (rollout.sampler_logp): the same weights and precision, equal up to rounding (a KV cache, other
+    kernels). No pass runs: verl's bypass mode. Otherwise one pass without gradient, chunked as the minibatches: a bf16
+    sampler differs from the learner (the rollout correction weighs the difference); MoE models record the experts
+    chosen (Routing Replay, the routing metrics); --static-cache keeps no log-probs. The rows of the first minibatch
+    then hold the sampler's log-probs and expert 0, never read; every_row=True scores them too (ppo.py's KL reward
+    reads every row before the update)."""
+    if sampler is policy and rollout.sampler_logp is not None and not has_routing(policy):
+        return rollout.sampler_logp, None
+    N = len(rollout.mask)
+    skip = 0 if every_row else N // chunks                                  # the first minibatch's rows
+    parts = [logprobs(policy, world, rollout[idx + skip], temperature, entropy=False)
+             for idx in minibatches(N - skip, chunks - (skip > 0))] if skip < N else []
+    logp = (torch.zeros_like(rollout.mask) if rollout.sampler_logp is None else rollout.sampler_logp).clone()
+    if parts:
+        logp[skip:] = torch.cat([p[0] for p in parts])
+    if not parts or parts[0][2] is None:
+        return logp, None
+    routing = torch.cat([p[2] for p in parts], 1)
+    return logp, torch.cat([routing.new_zeros((routing.shape[0], skip, *routing.shape[2:])), routing], 1)
+
+
+def has_routing(model):
+    """Whether the model routes tokens to experts: the toy with more than one expert, a Hugging Face MoE model."""
+    if isinstance(model, MoETransformer):
+        return model.cfg.n_experts > 1
+    return bool(side_module("hf_routing", "--model").routers(model))
+
+
+def make_sampler(policy, args):
+    """--sampler: the policy itself (its weights, in the run's precision), or a bf16 copy of its weights, without
+    gradients, that refresh_sampler brings up to date after each update (half the policy's weights in memory more)."""
+    if args.sampler == "policy":
+        return policy
+    sampler = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
+    sampler.bf16 = False                                   # its weights are bf16 already: no autocast
+    return sampler
+
+
+@torch.no_grad()
+def refresh_sampler(sampler, policy):
+    """After an update: the policy's new weights into the sampler (cast to its dtype); nothing when they are one."""
+    if sampler is not policy:
+        for mine, theirs in zip(sampler.parameters(), policy.parameters()):
+            if theirs.requires_grad:                          # with LoRA only the adapters change
+                mine.copy_(theirs)
+
+
+# --rollout-correction's modes: TRL 1.16's (GRPOConfig.vllm_importance_sampling_mode), and none.
+ROLLOUT_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@torch.no_grad()
+def rollout_weights(old_logp, sampler_logp, mask, mode, clip_max=3.0, clip_min=None):
+    """The rollout correction (TRL's vllm_importance_sampling_*, verl's algorithm.rollout_correction): each completion
+    token's weight in the loss, the importance ratio of the learner (at the weights that sampled) to the sampler,
+    pi_old / pi_sampler. Per token (token_*) or one for the whole sequence, the product of its tokens' ratios
+    (sequence_*); truncated (*_truncate: clamped to [clip_min, clip_max]) or masked (*_mask: 0 outside it). No
+    gradient: it reweights the loss, as in both frameworks. old_logp, sampler_logp, mask [N, T] -> the weights [N, T]
+    (token) or [N, 1] (sequence), and the completion tokens a mask set to 0 [N, T] (bool)."""
+    level, _, kind = mode.partition("_")
+    log_ratio = (old_logp - sampler_logp) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    ratio = log_ratio.exp()
+    if kind == "truncate":
+        return ratio.clamp(min=clip_min, max=clip_max), torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+    outside = (ratio > clip_max) | (ratio < (-math.inf if clip_min is None else clip_min))
+    return ratio.masked_fill(outside, 0.0), outside.expand(mask.shape) & mask.bool()
+
+
+def correction_mode(args):
+    """--rollout-correction with auto resolved: TRL's default (sequence_mask) for a sampler that is not the policy."""
+    if args.rollout_correction != "auto":
+        return args.rollout_correction
+    return "none" if args.sampler == "policy" else "sequence_mask"
+
+
+class RolloutCorrection:
+    """One step's rollout correction, minibatch by minibatch, and the gap between sampler and learner it measures:
+
+        correction = RolloutCorrection(args, rollout, old_logp)      # old_logp from old_logprobs
+        for idx in minibatches(...):
+            ...
+            weights = correction.weights(old, idx, first)    # each token's weight in the loss: 1.0 without one
+        record |= correction.metrics()
+
+    The gap is |log pi_learner - log pi_sampler| over the completion tokens whose learner log-probs at the sampling
+    weights are known: the first minibatch's (its own forward pass), and every row after a separate pass; where the
+    sampler is the policy no pass runs, so only the first minibatch's tokens are measured."""
+
+    def __init__(self, args, rollout, old_logp):
+        self.mode, self.clip_max, self.clip_min = correction_mode(args), args.rollout_correction_max, \
+            args.rollout_correction_min
+        self.sampler_logp, self.mask = rollout.sampler_logp, rollout.mask
+        self.passed = old_logp is not rollout.sampler_logp           # a separate pass scored the later minibatches
+        self.gaps, self.dropped = [], []
+
+    def weights(self, old, idx, first):
+        if self.sampler_logp is None:                                # --static-cache: nothing to compare
+            return 1.0
+        sampler_logp, mask = self.sampler_logp[idx], self.mask[idx]
+        if first or self.passed:
+            self.gaps.append((old - sampler_logp).abs()[mask.bool()])
+        if self.mode == "none":
+            return 1.0
+        weights, dropped = rollout_weights(old, sampler_logp, mask, self.mode, self.clip_max, self.clip_min)
+        self.dropped.append(dropped[mask.bool()])
+        return weights
+
+    def metrics(self):
+        gaps = torch.cat(self.gaps) if self.gaps else torch.zeros(0)
+        dropped = torch.cat(self.dropped) if self.dropped else torch.zeros(0, dtype=torch.bool)
+        return {"sampler_logp_diff_mean": gaps.mean().item() if len(gaps) else None,
+                "sampler_logp_diff_max": gaps.max().item() if len(gaps) else None,
+                "correction_dropped_frac": dropped.float().mean().item() if len(dropped) else 0.0}
+
+
+def trunk(model, tokens, attention_mask, routing=None, prompt=0):
     """The forward pass for scoring, without the vocabulary head: the final hidden states [B, S, D],
     the router's top-k choice [n_layers, B, S, k] (None for dense models) and the load-balancing loss
-    (or None). `routing` (same shape) replays recorded experts: Routing Replay."""
+    (or None). `routing` (same shape) replays recorded experts: Routing Replay.
+
+    `prompt`: the first columns that hold the prompt. Rows in a row that share their prompt (a group's G
+    completions) share its forward pass: a dense Hugging Face model runs the prompt once, on the first row, and
+    the rows' completions attend to its keys and values repeated for each (sharing_prompts). Gradients flow
+    back through the repeat, summed, as through G copies. For real.py's minibatches (one group of 8, prompts of 39
+    tokens, completions up to 64) that is a third less to compute. Without it: the toy, MoE models (their routing
+    is recorded position by position) and activation checkpointing (transformers then keeps no cache)."""
     if isinstance(model, MoETransformer):
         hidden, chosen, aux_loss = model.trunk(tokens, routing=routing)
         return hidden, (chosen if model.cfg.n_experts > 1 else None), aux_loss
@@ -324,9 +535,38 @@ def trunk(model, tokens, attention_mask, routing=None):
     positions = position_ids(attention_mask)
     hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
-    out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-    chosen, aux_loss = hf_routing.recorded_routing(model, tokens.shape)
-    return out.last_hidden_state, chosen, aux_loss
+    shared = sharing_prompts(body, tokens, attention_mask, prompt) if prompt and not hf_routing.routers(model) else None
+    if shared is None:
+        out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+        chosen, aux_loss = hf_routing.recorded_routing(model, tokens.shape)
+        return out.last_hidden_state, chosen, aux_loss
+    first, repeats, cache = shared
+    embeds = body.get_input_embeddings()(tokens)             # once: one gradient of the embedding matrix, not two
+    head = body.base_model(inputs_embeds=embeds[first, :prompt], attention_mask=attention_mask[first, :prompt],
+                           position_ids=positions[first, :prompt], cache=cache, use_cache=True)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0)
+    out = body.base_model(inputs_embeds=embeds[:, prompt:], attention_mask=attention_mask,
+                          position_ids=positions[:, prompt:], cache=cache, use_cache=True)
+    return torch.cat([head.last_hidden_state.repeat_interleave(repeats, 0), out.last_hidden_state], 1), None, None
+
+
+def sharing_prompts(body, tokens, attention_mask, prompt):
+    """Where rows in a row share their first `prompt` columns (tokens and padding): the first row of each run, how
+    many rows it stands for, and the empty cache its forward pass fills; None where no two rows share one, or the
+    model cannot share (activation checkpointing; sliding-window layers, whose caches keep only their window)."""
+    from transformers import DynamicCache
+    if getattr(body, "is_activation_checkpointing", False):
+        return None
+    same = (tokens[1:, :prompt] == tokens[:-1, :prompt]) & (attention_mask[1:, :prompt] == attention_mask[:-1, :prompt])
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=tokens.device), ~same.all(1)])
+    first = starts.nonzero().squeeze(1)                              # a host sync, as needed_columns'
+    if len(first) == len(tokens):
+        return None
+    cache = DynamicCache(config=body.config)
+    if any(layer.is_sliding for layer in cache.layers):
+        return None
+    return first, torch.diff(first, append=torch.tensor([len(tokens)], device=first.device)), cache
 
 
 def output_head(model):
@@ -878,6 +1118,12 @@ def check_common_args(args, min_group_size=2):
     check(args.device in ("auto", "cpu", "cuda", "mps") or args.device.startswith("cuda:"),
           f"unknown --device {args.device!r}; use auto, cpu, cuda or mps")
     check(args.dtype in ("auto", "bf16", "fp32"), f"unknown --dtype {args.dtype!r}; use auto, bf16 or fp32")
+    check(args.sampler in ("policy", "bf16"), f"unknown --sampler {args.sampler!r}; use policy or bf16")
+    check(args.rollout_correction in ("auto", *ROLLOUT_CORRECTIONS),
+          f"unknown --rollout-correction {args.rollout_correction!r}; use auto, {', '.join(ROLLOUT_CORRECTIONS)}")
+    low, high = args.rollout_correction_min, args.rollout_correction_max
+    check(high > 0 and (low is None or 0 <= low < high), f"--rollout-correction-min and -max must bound a range of "
+                                                         f"positive ratios (0 <= min < max), got {low} and {high}")
     if not (args.print_verl or args.print_trl or args.export_verl_data):    # those write no run
         check_run_folder(args)
     set_threads(args)

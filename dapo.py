@@ -29,7 +29,7 @@ Run it
         --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
 Each step: sample --prompts-per-step x --group-size completions (more rounds under Dynamic Sampling),
-score them, compute the old policy's log-probs once, then take one optimizer step per minibatch.
+score them, then take one optimizer step per minibatch (the old log-probs as in grpo.py).
 Metrics go to runs/dapo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: `python dapo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
@@ -93,6 +93,16 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     static_cache: bool = arg(False, "dense --model: a static KV cache, the decode step a CUDA graph; off until timed")
+    sampler: str = arg("policy", "policy: sample with the weights being trained, in the run's precision (a dense "
+                                 "model's old log-probs are then the sampler's own); bf16: with a bf16 copy of them, "
+                                 "refreshed after each update (the old log-probs take a separate pass, and "
+                                 "--rollout-correction weighs the difference)")
+    rollout_correction: str = arg("auto", "importance weights for a sampler that differs from the learner, TRL's "
+                                          "modes: token_truncate, token_mask, sequence_truncate, sequence_mask, or "
+                                          "none (default auto: sequence_mask, TRL's, with --sampler bf16, else none)")
+    rollout_correction_max: float = arg(3.0, "--rollout-correction: the largest ratio kept (default 3.0, TRL's; "
+                                             "verl's is 2.0)")
+    rollout_correction_min: Optional[float] = arg(None, "--rollout-correction: the smallest ratio kept (default none)")
     # optimisation
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
@@ -131,16 +141,18 @@ def compute_advantages(rewards, group_size):
     return advantages.flatten()
 
 
-def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_high=0.28, token_level=True):
+def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=0.2, clip_eps_high=0.28, token_level=True,
+                correction=1.0):
     """DAPO loss (DAPO paper eq. 8): per-token ratio clipped asymmetrically (Clip-Higher); summed over
     all tokens and divided by their total count (token-level loss), or with token_level=False GRPO's
-    per-sequence mean. logp, old_logp, mask [N, T]; advantages [N]."""
+    per-sequence mean. logp, old_logp, mask [N, T]; advantages [N]; correction: the rollout correction's weight
+    of each token's clipped term ([N, T] or [N, 1]), as TRL and verl."""
     mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     adv = advantages[:, None]                                            # A_i, the same for every token
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * adv)
-    per_token = -surrogate
+    per_token = -surrogate * correction
     if token_level:
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1)        # 1 / sum_i |o_i|
     else:
@@ -171,11 +183,11 @@ def filter_groups(rewards, group_size):
     return grouped.max(1).values != grouped.min(1).values
 
 
-def sample_groups(policy, world, args):
+def sample_groups(sampler, world, args):
     """One generation round: G completions for each of --prompts-per-step prompts, their task rewards
     and the rewards the advantages are computed from (with the overlong penalty when shaping is on)."""
     prompts, answers = world.sample(args.prompts_per_step)
-    rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+    rollout = common.generate(sampler, world, prompts, args.group_size, args.temperature)
     task_rewards = common.rewards_of(world, rollout, answers, args.group_size)           # [N]
     rewards = task_rewards
     if args.overlong_shaping:
@@ -193,8 +205,9 @@ def cat_rollouts(rollouts, pad_id):
     for r in rollouts:
         p, t = r.tokens.shape[1] - r.mask.shape[1], r.mask.shape[1]
         padded.append([F.pad(r.tokens, (P - p, T - t), value=pad_id), F.pad(r.attention_mask, (P - p, T - t)),
-                       F.pad(r.mask, (0, T - t)), r.finished, F.pad(r.entropy, (0, T - t))])
-    return common.Rollout(*(torch.cat(field) for field in zip(*padded)))
+                       F.pad(r.mask, (0, T - t)), r.finished, F.pad(r.entropy, (0, T - t)),
+                       None if r.sampler_logp is None else F.pad(r.sampler_logp, (0, T - t))])   # --static-cache: None
+    return common.Rollout(*(None if field[0] is None else torch.cat(field) for field in zip(*padded)))
 
 
 def dynamic_sampling(sample, prompts_per_step, group_size, max_rounds, pad_id):
@@ -245,6 +258,7 @@ def train(args):
           f"got {args.overlong_buffer}")
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
     for step in run.steps():
@@ -252,39 +266,42 @@ def train(args):
         t0 = time.perf_counter()
         if args.dynamic_sampling:
             rollout, rewards, task_rewards, sampling = dynamic_sampling(
-                lambda: sample_groups(policy, world, args), args.prompts_per_step, args.group_size,
+                lambda: sample_groups(sampler, world, args), args.prompts_per_step, args.group_size,
                 args.max_generation_rounds, world.pad_id)
         else:
-            (rollout, rewards, task_rewards), sampling = sample_groups(policy, world, args), {}
+            (rollout, rewards, task_rewards), sampling = sample_groups(sampler, world, args), {}
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        on_policy = args.minibatches == 1      # one optimizer step per rollout batch: no separate pass
-        old_logp, _, old_routing = (None, None, None) if on_policy else common.fixed_logprobs(
-            policy, world, rollout, args.temperature, args.minibatches)
+        old_logp, old_routing = common.old_logprobs(policy, sampler, world, rollout, args.temperature,
+                                                    args.minibatches)              # a pass only where needed
         t2 = time.perf_counter()
 
         # ------------------------------------------------------------ update
-        stats = []
-        for idx in common.minibatches(len(rewards), args.minibatches):
-            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
+        stats, correction = [], common.RolloutCorrection(args, rollout, old_logp)
+        for i, idx in enumerate(common.minibatches(len(rewards), args.minibatches)):
+            first = i == 0                     # the policy has not moved since it sampled these rows
+            rollout_experts = None if old_routing is None or first else old_routing[:, idx]   # the old pass's choice
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         rollout_experts if args.routing_replay else None)
-            # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
-            # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
-            old = logp.detach() if on_policy else old_logp[idx]
-            old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
+                                                         rollout_experts if args.routing_replay else None,
+                                                         entropy=False)
+            # The old policy's log-probs of these rows: in the first minibatch this forward pass itself, detached
+            # (ratio exactly 1); later the sampler's own where it is the policy, else the separate pass.
+            old = logp.detach() if first else old_logp[idx]
+            old_experts = routing if first else rollout_experts          # what routing drift is measured against
             mask = rollout.mask[idx]
             if args.overlong_filtering:                                         # truncated: out of the loss
                 mask = mask * rollout.finished[idx, None]
             loss, metrics = policy_loss(logp, old, advantages[idx], mask, args.clip_eps_low,
-                                        clip_eps_high, args.token_level_loss)
+                                        clip_eps_high, args.token_level_loss, correction.weights(old, idx, first))
             metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), mask)
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
+        common.refresh_sampler(sampler, policy)                         # a bf16 copy takes the new weights
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
         record = {"step": step, **common.rollout_metrics(task_rewards, rollout), **common.mean_metrics(stats),
+                  **correction.metrics(),
                   **sampling, "shaped_reward_mean": rewards.mean().item(),
                   "overlong_punished_frac": (rewards < task_rewards).float().mean().item(),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,

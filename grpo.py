@@ -16,11 +16,12 @@ Run it
     python grpo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
         --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
-Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
-compute the old policy's log-probs once, then split the batch into --minibatches and take one optimizer
-step on each. The first minibatch is on-policy (ratio exactly 1); later ones are off-policy, which is
-where the clipping acts. With --minibatches 1 the update's own forward pass gives the old log-probs
-(detached) and the separate pass is skipped. Metrics go to runs/grpo-<task>-<date>-<time>/metrics.jsonl.
+Each step: sample --prompts-per-step x --group-size completions with the current policy, keeping each
+token's log-prob, and score them; then split the batch into --minibatches and take one optimizer step on
+each. The first minibatch is on-policy: its own forward pass gives the old log-probs (ratio exactly 1).
+Later ones are off-policy, which is where the clipping acts; their old log-probs are the sampler's own (a
+dense --model) or one separate pass before the update (MoE models, --sampler bf16). Metrics go to
+runs/grpo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: `python grpo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
 held-out problems from 0.418 to 0.696 in 2400 steps. Seed and CPU move the final; the figures are in
@@ -80,6 +81,16 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     static_cache: bool = arg(False, "dense --model: a static KV cache, the decode step a CUDA graph; off until timed")
+    sampler: str = arg("policy", "policy: sample with the weights being trained, in the run's precision (a dense "
+                                 "model's old log-probs are then the sampler's own); bf16: with a bf16 copy of them, "
+                                 "refreshed after each update (the old log-probs take a separate pass, and "
+                                 "--rollout-correction weighs the difference)")
+    rollout_correction: str = arg("auto", "importance weights for a sampler that differs from the learner, TRL's "
+                                          "modes: token_truncate, token_mask, sequence_truncate, sequence_mask, or "
+                                          "none (default auto: sequence_mask, TRL's, with --sampler bf16, else none)")
+    rollout_correction_max: float = arg(3.0, "--rollout-correction: the largest ratio kept (default 3.0, TRL's; "
+                                             "verl's is 2.0)")
+    rollout_correction_min: Optional[float] = arg(None, "--rollout-correction: the smallest ratio kept (default none)")
     # optimisation
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
@@ -110,15 +121,16 @@ def compute_advantages(rewards, group_size):
     return advantages.flatten()
 
 
-def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, beta=0.0):
+def policy_loss(logp, old_logp, advantages, mask, ref_logp=None, clip_eps=0.2, beta=0.0, correction=1.0):
     """GRPO loss (DeepSeekMath eq. 3): per-token clipped ratio, k3 KL to the reference, mean over each
-    sequence's tokens, then mean over sequences. logp, old_logp, ref_logp, mask [N, T]; advantages [N]."""
+    sequence's tokens, then mean over sequences. logp, old_logp, ref_logp, mask [N, T]; advantages [N];
+    correction: the rollout correction's weight of each token's clipped term ([N, T] or [N, 1]), as TRL and verl."""
     mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     adv = advantages[:, None]                                            # A_i, the same for every token
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    per_token = -surrogate
+    per_token = -surrogate * correction
     metrics = {}
     if beta > 0:
         assert ref_logp is not None, "policy_loss: beta > 0 needs ref_logp"
@@ -146,43 +158,48 @@ def train(args):
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout
         t0 = time.perf_counter()
         prompts, answers = world.sample(args.prompts_per_step)
-        rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+        rollout = common.generate(sampler, world, prompts, args.group_size, args.temperature)
         rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        on_policy = args.minibatches == 1      # one optimizer step per rollout batch: no separate pass
-        old_logp, _, old_routing = (None, None, None) if on_policy else common.fixed_logprobs(
-            policy, world, rollout, args.temperature, args.minibatches)
+        old_logp, old_routing = common.old_logprobs(policy, sampler, world, rollout, args.temperature,
+                                                    args.minibatches)              # a pass only where needed
         t2 = time.perf_counter()
         ref_logp = None if ref is None else common.fixed_logprobs(ref, world, rollout, args.temperature,
                                                                 args.minibatches)[0]
         t3 = time.perf_counter()
 
         # ------------------------------------------------------------ update
-        stats = []
-        for idx in common.minibatches(len(rewards), args.minibatches):
-            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
+        stats, correction = [], common.RolloutCorrection(args, rollout, old_logp)
+        for i, idx in enumerate(common.minibatches(len(rewards), args.minibatches)):
+            first = i == 0                     # the policy has not moved since it sampled these rows
+            rollout_experts = None if old_routing is None or first else old_routing[:, idx]   # the old pass's choice
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         rollout_experts if args.routing_replay else None)
-            # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
-            # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
-            old = logp.detach() if on_policy else old_logp[idx]
-            old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
+                                                         rollout_experts if args.routing_replay else None,
+                                                         entropy=False)
+            # The old policy's log-probs of these rows: in the first minibatch this forward pass itself, detached
+            # (ratio exactly 1); later the sampler's own where it is the policy, else the separate pass.
+            old = logp.detach() if first else old_logp[idx]
+            old_experts = routing if first else rollout_experts          # what routing drift is measured against
             loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
-                                        None if ref is None else ref_logp[idx], args.clip_eps, args.beta)
+                                        None if ref is None else ref_logp[idx], args.clip_eps, args.beta,
+                                        correction.weights(old, idx, first))
             metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
+        common.refresh_sampler(sampler, policy)                         # a bf16 copy takes the new weights
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
         record = {"step": step, **common.rollout_metrics(rewards, rollout), **common.mean_metrics(stats),
+                  **correction.metrics(),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_ref_s": t3 - t2, "time_update_s": t4 - t3}
         run.log(record)

@@ -23,9 +23,9 @@ Run it
     python gspo.py --model Qwen/Qwen3-0.6B --data train.jsonl --max-new-tokens 512 \\
         --prompts-per-step 8 --group-size 8 --lr 1e-6 --gradient-checkpointing   # its memory: docs/models.md
 
-Each step: sample --prompts-per-step x --group-size completions with the current policy, score them,
-compute the old policy's log-probs once, then split the batch into --minibatches (4, as in the paper)
-and take one optimizer step on each. With a single on-policy update s_i = 1 exactly and GSPO, GRPO and
+Each step: sample --prompts-per-step x --group-size completions with the current policy, keeping each
+token's log-prob, and score them; then split the batch into --minibatches (4, as in the paper) and take
+one optimizer step on each (the old log-probs as in grpo.py). With a single on-policy update s_i = 1 exactly and GSPO, GRPO and
 the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
 sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
@@ -90,6 +90,16 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     static_cache: bool = arg(False, "dense --model: a static KV cache, the decode step a CUDA graph; off until timed")
+    sampler: str = arg("policy", "policy: sample with the weights being trained, in the run's precision (a dense "
+                                 "model's old log-probs are then the sampler's own); bf16: with a bf16 copy of them, "
+                                 "refreshed after each update (the old log-probs take a separate pass, and "
+                                 "--rollout-correction weighs the difference)")
+    rollout_correction: str = arg("auto", "importance weights for a sampler that differs from the learner, TRL's "
+                                          "modes: token_truncate, token_mask, sequence_truncate, sequence_mask, or "
+                                          "none (default auto: sequence_mask, TRL's, with --sampler bf16, else none)")
+    rollout_correction_max: float = arg(3.0, "--rollout-correction: the largest ratio kept (default 3.0, TRL's; "
+                                             "verl's is 2.0)")
+    rollout_correction_min: Optional[float] = arg(None, "--rollout-correction: the smallest ratio kept (default none)")
     # optimisation
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
@@ -119,9 +129,10 @@ def compute_advantages(rewards, group_size):
     return advantages.flatten()
 
 
-def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
+def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4, correction=1.0):
     """GSPO loss (GSPO paper eq. 5-7): length-normalised sequence ratio, clipped per sequence, mean over
-    sequences. logp, old_logp, mask [N, T]; advantages [N]."""
+    sequences. logp, old_logp, mask [N, T]; advantages [N]; correction: the rollout correction's weight of each
+    token ([N, T] or [N, 1]): a sequence's term is weighted by their mean over its tokens, as TRL and verl."""
     mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     lengths = mask.sum(1).clamp(min=1)                                   # |o_i|: this completion's own length
@@ -129,7 +140,9 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_hi
     seq_ratio = torch.exp(seq_log_ratio)                                 # s_i, the geometric mean of r_it
     surrogate = torch.min(seq_ratio * advantages,
                           torch.clamp(seq_ratio, 1 - clip_eps_low, 1 + clip_eps_high) * advantages)
-    loss = -surrogate.mean()
+    if torch.is_tensor(correction):
+        correction = (correction * mask).sum(1) / lengths                # the mean over the sequence's tokens
+    loss = -(surrogate * correction).mean()
     with torch.no_grad():
         clipped = (((advantages > 0) & (seq_ratio > 1 + clip_eps_high))
                    | ((advantages < 0) & (seq_ratio < 1 - clip_eps_low)))[:, None].expand_as(mask)   # [N, T]
@@ -139,7 +152,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_hi
                       "approx_kl": mean(torch.exp(log_ratio) - 1 - log_ratio)}      # k3 KL(old || new)
 
 
-def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4):
+def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_eps_high=4e-4, correction=1.0):
     """GSPO-token loss (GSPO paper eq. 13-14) for per-token advantages [N, T]:
     s_it = sg[s_i] * pi(o_it) / sg[pi(o_it)] is numerically s_i, but its gradient flows through token t
     only, weighted by A_it. With A_it = A_i for all t it equals policy_loss in value and gradient."""
@@ -150,7 +163,7 @@ def policy_loss_token(logp, old_logp, advantages, mask, clip_eps_low=3e-4, clip_
     token_ratio = torch.exp(seq_log_ratio.detach()[:, None] + logp - logp.detach())   # s_it [N, T]
     surrogate = torch.min(token_ratio * advantages,
                           torch.clamp(token_ratio, 1 - clip_eps_low, 1 + clip_eps_high) * advantages)
-    loss = -((surrogate * mask).sum(1) / lengths).mean()
+    loss = -((surrogate * correction * mask).sum(1) / lengths).mean()
     with torch.no_grad():
         clipped = (((advantages > 0) & (token_ratio > 1 + clip_eps_high))
                    | ((advantages < 0) & (token_ratio < 1 - clip_eps_low)))
@@ -168,43 +181,48 @@ def train(args):
     policy, world = common.make_policy(args, device)
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout
         t0 = time.perf_counter()
         prompts, answers = world.sample(args.prompts_per_step)
-        rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+        rollout = common.generate(sampler, world, prompts, args.group_size, args.temperature)
         rewards = common.rewards_of(world, rollout, answers, args.group_size)             # [N]
         advantages = compute_advantages(rewards, args.group_size)                         # [N]
         t1 = time.perf_counter()
-        on_policy = args.minibatches == 1      # one optimizer step per rollout batch: no separate pass
-        old_logp, _, old_routing = (None, None, None) if on_policy else common.fixed_logprobs(
-            policy, world, rollout, args.temperature, args.minibatches)
+        old_logp, old_routing = common.old_logprobs(policy, sampler, world, rollout, args.temperature,
+                                                    args.minibatches)              # a pass only where needed
         t2 = time.perf_counter()
 
         # ------------------------------------------------------------ update
-        stats = []
-        for idx in common.minibatches(len(rewards), args.minibatches):
-            rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
-            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature)
-            # The old policy's log-probs of these rows: the separate pass, or with one optimizer step per rollout
-            # batch, this forward pass itself, detached (the policy has not moved since it sampled them).
-            old = logp.detach() if on_policy else old_logp[idx]
-            old_experts = routing if on_policy else rollout_experts      # what routing drift is measured against
+        stats, correction = [], common.RolloutCorrection(args, rollout, old_logp)
+        for i, idx in enumerate(common.minibatches(len(rewards), args.minibatches)):
+            first = i == 0                     # the policy has not moved since it sampled these rows
+            rollout_experts = None if old_routing is None or first else old_routing[:, idx]   # the old pass's choice
+            logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
+                                                         entropy=False)
+            # The old policy's log-probs of these rows: in the first minibatch this forward pass itself, detached
+            # (ratio exactly 1); later the sampler's own where it is the policy, else the separate pass.
+            old = logp.detach() if first else old_logp[idx]
+            old_experts = routing if first else rollout_experts          # what routing drift is measured against
+            weights = correction.weights(old, idx, first)              # the rollout correction's (1.0: none)
             if args.token_level:                                                # A_it = A_i for every token
                 loss, metrics = policy_loss_token(logp, old, advantages[idx, None].expand_as(logp),
-                                                  rollout.mask[idx], args.clip_eps_low, args.clip_eps_high)
+                                                  rollout.mask[idx], args.clip_eps_low, args.clip_eps_high, weights)
             else:
                 loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx],
-                                            args.clip_eps_low, args.clip_eps_high)
+                                            args.clip_eps_low, args.clip_eps_high, weights)
             metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, old_experts, aux_loss))
+        common.refresh_sampler(sampler, policy)                         # a bf16 copy takes the new weights
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
         record = {"step": step, **common.rollout_metrics(rewards, rollout), **common.mean_metrics(stats),
+                  **correction.metrics(),
                   "step_time_s": t4 - t0, "time_generate_s": t1 - t0, "time_old_logp_s": t2 - t1,
                   "time_update_s": t4 - t2}
         run.log(record)

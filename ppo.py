@@ -89,6 +89,16 @@ class Args:
     max_new_tokens: Optional[int] = arg(None, "completion length limit (default: 8 on the toy, 256 with --data)")
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same one")
     static_cache: bool = arg(False, "dense --model: a static KV cache, the decode step a CUDA graph; off until timed")
+    sampler: str = arg("policy", "policy: sample with the weights being trained, in the run's precision (a dense "
+                                 "model's old log-probs are then the sampler's own); bf16: with a bf16 copy of them, "
+                                 "refreshed after each update (the old log-probs take a separate pass, and "
+                                 "--rollout-correction weighs the difference)")
+    rollout_correction: str = arg("auto", "importance weights for a sampler that differs from the learner, TRL's "
+                                          "modes: token_truncate, token_mask, sequence_truncate, sequence_mask, or "
+                                          "none (default auto: sequence_mask, TRL's, with --sampler bf16, else none)")
+    rollout_correction_max: float = arg(3.0, "--rollout-correction: the largest ratio kept (default 3.0, TRL's; "
+                                             "verl's is 2.0)")
+    rollout_correction_min: Optional[float] = arg(None, "--rollout-correction: the smallest ratio kept (default none)")
     # optimisation
     lr: Optional[float] = arg(None, "AdamW learning rate (default: 1e-4 on the toy, 1e-6 with --model)")
     minibatches: int = arg(4, "optimizer steps per rollout batch (1: purely on-policy)")
@@ -151,14 +161,14 @@ def explained_variance(values, returns, mask):
     return (1 - var(returns - values) / var(returns).clamp(min=1e-8)).item()
 
 
-def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+def policy_loss(logp, old_logp, advantages, mask, clip_eps=0.2, correction=1.0):
     """PPO's clipped surrogate, per token, averaged over all valid tokens. logp, old_logp, advantages,
-    mask [N, T]."""
+    mask [N, T]; correction: the rollout correction's weight of each token's term ([N, T] or [N, 1]), as verl."""
     mean = lambda x: ((x * mask).sum() / mask.sum().clamp(min=1)).item()   # over the completions' tokens
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)                                         # r_it [N, T]
     surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
-    loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
+    loss = -(surrogate * correction * mask).sum() / mask.sum().clamp(min=1)
     with torch.no_grad():
         clipped = ((advantages > 0) & (ratio > 1 + clip_eps)) | ((advantages < 0) & (ratio < 1 - clip_eps))
         return loss, {"clip_frac": mean(clipped.float()), "clipped": clipped,           # [N, T]: gradient cut
@@ -219,6 +229,7 @@ def train(args):
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
     critic = make_critic(policy)                                 # the warm-started weights, a scalar head
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
+    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     critic_optimizer = torch.optim.AdamW(common.trainable(critic), lr=args.critic_lr, weight_decay=0.0, fused=True)
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
                                                          "critic": critic, "critic_optimizer": critic_optimizer})
@@ -232,11 +243,11 @@ def train(args):
         # ------------------------------------------------------------ rollout
         t0 = time.perf_counter()
         prompts, answers = world.sample(args.prompts_per_step)
-        rollout = common.generate(policy, world, prompts, args.group_size, args.temperature)
+        rollout = common.generate(sampler, world, prompts, args.group_size, args.temperature)
         scores = common.rewards_of(world, rollout, answers, args.group_size)              # task reward [N]
         t1 = time.perf_counter()
-        old_logp, _, old_routing = common.fixed_logprobs(policy, world, rollout, args.temperature,
-                                                             args.minibatches)
+        old_logp, old_routing = common.old_logprobs(policy, sampler, world, rollout, args.temperature,
+                                                    args.minibatches, every_row=True)   # the KL reward reads all
         t2 = time.perf_counter()
         ref_logp = common.fixed_logprobs(ref, world, rollout, args.temperature, args.minibatches)[0]
         t3 = time.perf_counter()
@@ -249,12 +260,18 @@ def train(args):
         advantages = whiten(advantages, rollout.mask)
 
         # ------------------------------------------------------------ update
-        stats = []
-        for idx in common.minibatches(len(scores), args.minibatches) * args.epochs:          # --epochs passes
+        stats, correction = [], common.RolloutCorrection(args, rollout, old_logp)
+        for i, idx in enumerate(common.minibatches(len(scores), args.minibatches) * args.epochs):   # --epochs passes
+            first = i == 0                     # the policy has not moved since it sampled these rows
             rollout_experts = None if old_routing is None else old_routing[:, idx]   # chosen in the old log-probs' pass
             logp, _, routing, aux_loss = common.logprobs(policy, world, rollout[idx], args.temperature,
-                                                         rollout_experts if args.routing_replay else None)
-            loss, metrics = policy_loss(logp, old_logp[idx], advantages[idx], rollout.mask[idx], args.clip_eps)
+                                                         rollout_experts if args.routing_replay else None,
+                                                         entropy=False)
+            # The old policy's log-probs of these rows: in the first minibatch this forward pass itself, detached
+            # (ratio exactly 1); later the sampler's own where it is the policy, else the separate pass.
+            old = logp.detach() if first else old_logp[idx]
+            loss, metrics = policy_loss(logp, old, advantages[idx], rollout.mask[idx], args.clip_eps,
+                                        correction.weights(old, idx, first))
             metrics |= common.by_quarter("clip_frac", metrics.pop("clipped").float(), rollout.mask[idx])
             metrics |= common.optimizer_step(policy, optimizer, loss, args.max_grad_norm)
             t_critic = time.perf_counter()
@@ -264,13 +281,15 @@ def train(args):
             critic_time += time.perf_counter() - t_critic
             metrics |= {"value_loss": critic_loss.item(), "critic_grad_norm": critic_step["grad_norm"],
                         "skipped_updates": metrics["skipped_updates"] + critic_step["skipped_updates"]}
-            stats.append(metrics | common.ratio_metrics(logp, old_logp[idx], rollout.mask[idx], routing,
-                                                        rollout_experts, aux_loss))
+            stats.append(metrics | common.ratio_metrics(logp, old, rollout.mask[idx], routing, rollout_experts,
+                                                        aux_loss))
+        common.refresh_sampler(sampler, policy)                         # a bf16 copy takes the new weights
         t4 = time.perf_counter()
 
         # ------------------------------------------------------------ log
         first, last = common.quarters(rollout.mask)              # how well V is known early and late in an answer
         record = {"step": step, **common.rollout_metrics(scores, rollout), **common.mean_metrics(stats),
+                  **correction.metrics(),
                   "explained_variance": explained_variance(old_values, returns, rollout.mask),
                   "explained_variance_q1": explained_variance(old_values, returns, first),
                   "explained_variance_q4": explained_variance(old_values, returns, last),

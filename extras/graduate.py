@@ -136,6 +136,7 @@ def verl_overrides(algorithm, args):
                   f"{model}target_modules=all-linear"]
         if algorithm == "ppo":
             lines += [f"critic.model.lora_rank={args.lora_r}", f"critic.model.lora_alpha={args.lora_alpha}"]
+    lines += verl_rollout_correction(args)
     if getattr(args, "routing_replay", False):
         lines += ["# --routing-replay: verl replays experts only in its Megatron and VeOmni engines:",
                   f"#   {actor}megatron.router_replay.mode=R2 or {actor}veomni.router_replay.mode=R2"]
@@ -147,6 +148,31 @@ def verl_overrides(algorithm, args):
         if args.reward:
             lines.append(f"+reward.custom_reward_function.reward_kwargs.reward={args.reward}")
     return lines
+
+
+def verl_rollout_correction(args):
+    """--rollout-correction as verl's algorithm.rollout_correction: rollout_is, the level (token, sequence), and
+    rollout_is_threshold, one bound to truncate at, or "low_high" to mask outside (verl masks between two bounds only).
+    Where they differ from TRL's, a # line says so."""
+    key, mode = "algorithm.rollout_correction.", common.correction_mode(args)
+    lines = []
+    if args.sampler == "policy":
+        lines.append("# here the sampler is the policy: a dense model's old log-probs after the first minibatch are "
+                     "the sampler's own (no separate pass); verl's algorithm.rollout_correction.bypass_mode=True does "
+                     "so with vLLM's, which differ from the learner's")
+    if mode == "none":
+        return lines + [f"{key}rollout_is=null"]
+    level, _, kind = mode.partition("_")
+    high, low = args.rollout_correction_max, args.rollout_correction_min
+    if kind == "mask" and low is None:
+        return lines + [f"# --rollout-correction {mode}: verl masks the ratios outside two bounds only "
+                        f"({key}rollout_is_threshold=LOW_{high}); give --rollout-correction-min"]
+    threshold = f"{low}_{high}" if kind == "mask" else high
+    lines += [f"{key}rollout_is={level}", f"{key}rollout_is_threshold={threshold}"]
+    if kind == "truncate" and low is not None:
+        lines.append(f"# --rollout-correction-min {low}: verl truncates the ratios from above only")
+    return lines + ["# verl's rollout_is_threshold defaults to 2.0 and TRL's vllm_importance_sampling_clip_max to 3.0: "
+                    "both are set to --rollout-correction-max here"]
 
 
 def verl_command(algorithm, args):
@@ -220,6 +246,12 @@ def trl_config_kwargs(algorithm, args):
                    "mask_truncated_completions": args.overlong_filtering}
     if kwargs["beta"] > 0:  # TRL's default multiplies the KL term by the ratio, which changes its gradient even at 1
         kwargs["use_bias_correction_kl"] = False
+    mode = common.correction_mode(args)          # TRL corrects only where vLLM samples (use_vllm=True)
+    kwargs["vllm_importance_sampling_correction"] = mode != "none"
+    if mode != "none":
+        kwargs |= {"vllm_importance_sampling_mode": mode,
+                   "vllm_importance_sampling_clip_max": args.rollout_correction_max,
+                   "vllm_importance_sampling_clip_min": args.rollout_correction_min}
     return kwargs
 
 
@@ -239,6 +271,12 @@ def trl_code(algorithm, args):
                      "GSPO-token is the same loss")
     if algorithm == "cispo" and args.clip_eps_low is not None:
         notes.append("# --clip-eps-low: TRL's cispo caps the weight from above only (verl's clamps both sides)")
+    if kwargs["vllm_importance_sampling_correction"]:
+        notes.append("# the rollout correction (vllm_importance_sampling_*): TRL applies it only where vLLM samples "
+                     "(use_vllm=True), and then always recomputes the old log-probs, as --sampler bf16 does here")
+    elif args.sampler == "policy":
+        notes.append("# vllm_importance_sampling_correction=False: here the sampler is the policy; with vLLM (use_vllm="
+                     "True) TRL's default corrects the gap (sequence_mask, clip 3.0: --sampler bf16 here)")
     if algorithm == "cispo" and args.minibatches > 1:
         notes.append("# loss_type=\"cispo\" divides by the average minibatch's token count, cispo.py by this "
                      "minibatch's: the same with --minibatches 1")
