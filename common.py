@@ -128,7 +128,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
         else:
             logits, cache = prefill(model, tokens, attention_mask, group_size if use_cache else 1)
             rows = torch.arange(N, device=device)          # the rows in the batch (dropping_ended takes ended ones out)
-            with decode_attention(model):
+            with eager_attention(model, N * (P + world.max_new_tokens)):       # one query a row
                 for t in range(world.max_new_tokens):
                     next_logits = mask_logits(logits if temperature == 1 else logits / temperature, world)
                     token = torch.full((N,), world.pad_id, device=device)
@@ -188,15 +188,23 @@ def prefill(model, tokens, attention_mask, group_size):
     return logits.repeat_interleave(group_size, 0), cache
 
 
+# Attention scores ([rows, heads, queries, keys] entries a layer) up to which a CPU under bf16 attends eagerly.
+EAGER_ATTENTION = 2**22
+
+
 @contextlib.contextmanager
-def decode_attention(model):
-    """On a CPU under bf16, the decode steps attend with transformers' eager attention (two matrix products): torch's
-    CPU attention kernel (scaled_dot_product_attention) takes several times as long for one query a row, a quarter of
-    the real model's generation (benchmarks/results/speed.md). The prompts keep it: eager attention would hold a
-    [rows, heads, prompt, prompt] matrix."""
+def eager_attention(model, scores):
+    """On a CPU under bf16, transformers' eager attention (matrix products and a softmax) in place of torch's CPU
+    attention kernel (scaled_dot_product_attention), which takes several times as long there at short lengths,
+    forward and backward: a quarter of the real model's decode steps, a tenth of its update. Only where a layer's
+    attention scores have at most EAGER_ATTENTION entries: eager attention holds them for the backward (16 MB a layer
+    in fp32), the kernel does not; and not under activation checkpointing, whose recomputation in the backward runs
+    after this context. Elsewhere nothing changes."""
     body = model.get_base_model() if is_lora(model) else model
     bf16 = getattr(model, "bf16", False) or next(model.parameters()).dtype == torch.bfloat16
-    if isinstance(model, MoETransformer) or next(model.parameters()).device.type != "cpu" or not bf16:
+    recomputed = torch.is_grad_enabled() and getattr(body, "is_activation_checkpointing", False)
+    if isinstance(model, MoETransformer) or next(model.parameters()).device.type != "cpu" or not bf16 or recomputed \
+            or scores * body.config.num_attention_heads > EAGER_ATTENTION:
         yield
         return
     was = body.config._attn_implementation
@@ -536,18 +544,22 @@ def trunk(model, tokens, attention_mask, routing=None, prompt=0):
     hf_routing.set_replay(model, routing)
     body = model.get_base_model() if is_lora(model) else model      # a PeftModel's base_model is peft's wrapper
     shared = sharing_prompts(body, tokens, attention_mask, prompt) if prompt and not hf_routing.routers(model) else None
+    B, S = tokens.shape
     if shared is None:
-        out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+        with eager_attention(model, B * S * S):
+            out = body.base_model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions,
+                                  use_cache=False)
         chosen, aux_loss = hf_routing.recorded_routing(model, tokens.shape)
         return out.last_hidden_state, chosen, aux_loss
     first, repeats, cache = shared
     embeds = body.get_input_embeddings()(tokens)             # once: one gradient of the embedding matrix, not two
-    head = body.base_model(inputs_embeds=embeds[first, :prompt], attention_mask=attention_mask[first, :prompt],
-                           position_ids=positions[first, :prompt], cache=cache, use_cache=True)
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0)
-    out = body.base_model(inputs_embeds=embeds[:, prompt:], attention_mask=attention_mask,
-                          position_ids=positions[:, prompt:], cache=cache, use_cache=True)
+    with eager_attention(model, B * S * S):
+        head = body.base_model(inputs_embeds=embeds[first, :prompt], attention_mask=attention_mask[first, :prompt],
+                               position_ids=positions[first, :prompt], cache=cache, use_cache=True)
+        for layer in cache.layers:
+            layer.keys, layer.values = (x.repeat_interleave(repeats, 0) for x in (layer.keys, layer.values))
+        out = body.base_model(inputs_embeds=embeds[:, prompt:], attention_mask=attention_mask,
+                              position_ids=positions[:, prompt:], cache=cache, use_cache=True)
     return torch.cat([head.last_hidden_state.repeat_interleave(repeats, 0), out.last_hidden_state], 1), None, None
 
 

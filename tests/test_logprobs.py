@@ -201,5 +201,23 @@ def test_the_decode_steps_attend_eagerly_on_a_cpu_in_bf16(hf_dense, monkeypatch)
         model.bf16, seen[:] = bf16, []
         common.generate(model, world, [torch.tensor([5, 6, 7])], 2, 1.0)
         assert seen[0] == ((1, 3), "sdpa")                 # the prompt once for its group of 2, with sdpa
-        assert len(seen) > 1 and {s for s in seen[1:]} == {((2, 1), decode)}            # then a token a row
+        assert len(seen) > 1 and seen[1] == ((2, 1), decode)                           # then a token a row
+        assert {impl for _, impl in seen[1:]} == {decode}
         assert model.config._attn_implementation == "sdpa"                              # and back after
+
+
+def test_ended_rows_leave_the_decode_batch_and_the_rollout_stays_exact(hf_dense, monkeypatch):
+    model, world = hf_model(hf_dense)
+    common.training_mode(model, gradient_checkpointing=False)
+    world.eos_ids, world.max_new_tokens = tuple(range(3, 40, 3)), 10        # a third of the vocabulary ends a row
+    rows, forward = [], common.forward
+    monkeypatch.setattr(common, "forward", lambda m, tokens, *a: rows.append(len(tokens)) or forward(m, tokens, *a))
+    torch.manual_seed(0)
+    rollout = common.generate(model, world, [torch.tensor([5, 9, 11]), torch.tensor([7, 8])], 4, 0.7)
+    lengths = rollout.mask.sum(1)
+    assert rows[0] == 2 and rows[1] == 8 and min(rows[1:]) < 8                    # prompts once, then fewer rows
+    assert rows[1:] == sorted(rows[1:], reverse=True) and len(set(lengths.tolist())) > 2
+    assert all(n >= (lengths > t + 1).sum() for t, n in enumerate(rows[1:]))      # every row still writing is in
+    learner = common.logprobs(model, world, rollout, 0.7)[0]
+    assert (rollout.sampler_logp - learner).abs().max() < 1e-5                    # each token's own distribution
+    assert rollout.finished.sum() > 4 and (rollout.completions[~rollout.mask.bool()] == world.pad_id).all()
