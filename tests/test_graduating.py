@@ -203,7 +203,9 @@ SETTINGS = [(grpo, []), (grpo, ["--beta", "0.04", "--clip-eps", "0.1", "--routin
                                 "--overlong-filtering", "--overlong-buffer", "64"]),
             (ppo, []), (ppo, ["--lora-r", "8", "--epochs", "3"]),
             (cispo, []), (cispo, ["--ratio-cap", "1.2", "--clip-eps-low", "0.2", "--beta", "0.04"]),
-            (sapo, []), (sapo, ["--tau-pos", "1.5", "--tau-neg", "2.0", "--beta", "0.04", "--routing-replay"])]
+            (sapo, []), (sapo, ["--tau-pos", "1.5", "--tau-neg", "2.0", "--beta", "0.04", "--routing-replay"]),
+            (grpo, ["--sampler", "bf16", "--rollout-correction", "token_mask", "--rollout-correction-min", "0.5"]),
+            (cispo, ["--rollout-correction", "sequence_truncate", "--rollout-correction-max", "2.0"])]
 
 
 def printed(script, flags, capsys, what="--print-verl"):
@@ -267,6 +269,11 @@ def test_the_printed_verl_overrides_compose_in_verls_config(script, flags, verl_
     assert actor.use_kl_loss == (script in (grpo, cispo, sapo) and args.beta > 0)
     assert config.actor_rollout_ref.model.lora_rank == args.lora_r
     assert config.reward.custom_reward_function.name == "verl_reward"
+    correction, mode = config.algorithm.rollout_correction, common.correction_mode(args)
+    assert correction.rollout_is == (None if mode == "none" else mode.split("_")[0]) and not correction.bypass_mode
+    if mode != "none":      # one bound truncates, "low_high" masks (verl masks between two bounds only)
+        assert correction.rollout_is_threshold == (f"{args.rollout_correction_min}_{args.rollout_correction_max}"
+                                                   if mode.endswith("mask") else args.rollout_correction_max)
     if script is dapo:
         assert config.algorithm.filter_groups.enable == args.dynamic_sampling
         assert config.algorithm.filter_groups.metric == "reward"        # after the overlong penalty, as dapo.py
@@ -375,6 +382,12 @@ def test_the_printed_grpo_config_builds_in_trl_with_the_scripts_values(script, f
     assert config.importance_sampling_level == ("sequence" if script is gspo else "token")
     assert config.generation_batch_size == args.prompts_per_step * args.group_size
     assert config.steps_per_generation == args.minibatches and config.learning_rate == args.lr
+    mode = common.correction_mode(args)                                 # TRL's rollout correction, as here
+    assert config.vllm_importance_sampling_correction == (mode != "none")
+    if mode != "none":
+        assert config.vllm_importance_sampling_mode == mode
+        assert (config.vllm_importance_sampling_clip_max, config.vllm_importance_sampling_clip_min) == \
+               (args.rollout_correction_max, args.rollout_correction_min)
     assert ("peft_config=LoraConfig(r=8" in code) == bool(args.lora_r)
     shaping = script is dapo and args.overlong_shaping           # dapo.py's buffer: a quarter of the limit by default
     assert shaping == (f"get_soft_overlong_punishment(512, {shaping and (args.overlong_buffer or 128)})" in code)
@@ -484,3 +497,20 @@ def test_verl_and_trl_score_as_the_project_does(tmp_path):
     assert reward.__name__ == "answer_reward"
     mine = graduate.trl_reward(3, f"{tmp_path / 'mine.py'}:score")
     assert mine(chat[:1], answer=["1"], completion_ids=[[1]]) == [2.0] and mine.__name__ == "score"
+
+
+def test_where_verl_and_trl_differ_in_the_correction_the_printouts_say_so(capsys):
+    # verl masks between two bounds only: without --rollout-correction-min, a # line and no key, never a wrong one.
+    flags = ["--sampler", "bf16"]
+    verl = printed(grpo, flags, capsys)
+    assert "rollout_is=" not in verl and "# --rollout-correction sequence_mask: verl masks the ratios outside two " \
+                                         "bounds only" in verl
+    assert "defaults to 2.0 and TRL's vllm_importance_sampling_clip_max to 3.0" not in verl
+    verl = printed(grpo, [*flags, "--rollout-correction", "token_truncate"], capsys)
+    assert "algorithm.rollout_correction.rollout_is=token" in verl and "rollout_is_threshold=3.0" in verl
+    assert "defaults to 2.0 and TRL's vllm_importance_sampling_clip_max to 3.0" in verl
+    trl = printed(grpo, flags, capsys, "--print-trl")
+    assert "vllm_importance_sampling_mode='sequence_mask'" in trl and "TRL applies it only where vLLM samples" in trl
+    # The policy as the sampler: no correction; both say what the frameworks do with vLLM's log-probs instead.
+    assert "bypass_mode=True" in printed(grpo, [], capsys)
+    assert "vllm_importance_sampling_correction=False" in printed(grpo, [], capsys, "--print-trl")
