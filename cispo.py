@@ -28,10 +28,11 @@ Run it
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, keeping each
 token's log-prob, and score them; then split the batch into --minibatches and take one optimizer step on
-each (the old log-probs as in grpo.py). The first minibatch is on-policy (every weight exactly 1: the plain policy gradient); later
-ones are off-policy, which is where the cap acts. clip_frac is the share of tokens whose weight was capped
-(r_it > eps_max, or below the floor): their gradient is scaled down, to eps_max / r_it of the uncapped
-importance-weighted one, not cut as in grpo.py. Metrics go to runs/cispo-<task>-<date>-<time>/metrics.jsonl.
+each (the old log-probs as in grpo.py). The first minibatch is on-policy (every weight exactly 1: the
+plain policy gradient); later ones are off-policy, which is where the cap acts. clip_frac is the share of
+tokens whose weight was capped (r_it > eps_max, or below the floor): their gradient is scaled down, to
+eps_max / r_it of the uncapped importance-weighted one, not cut as in grpo.py. Metrics go to
+runs/cispo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: `python cispo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
 held-out problems from 0.418 to 0.666 in 2400 steps. Seed and CPU move the final; the figures are in
@@ -177,8 +178,8 @@ def train(args):
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

@@ -258,8 +258,8 @@ def train(args):
           f"got {args.overlong_buffer}")
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

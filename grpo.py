@@ -158,8 +158,8 @@ def train(args):
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

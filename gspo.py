@@ -25,9 +25,9 @@ Run it
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, keeping each
 token's log-prob, and score them; then split the batch into --minibatches (4, as in the paper) and take
-one optimizer step on each (the old log-probs as in grpo.py). With a single on-policy update s_i = 1 exactly and GSPO, GRPO and
-the plain policy gradient coincide; from the second minibatch on the policy is off-policy and the
-sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
+one optimizer step on each (the old log-probs as in grpo.py). With a single on-policy update s_i = 1
+exactly and GSPO, GRPO and the plain policy gradient coincide; from the second minibatch on the policy is
+off-policy and the sequence clipping acts. Metrics go to runs/gspo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: `python gspo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
 held-out problems from 0.418 to 0.700 in 2400 steps. Seed and CPU move the final; the figures are in
@@ -181,8 +181,8 @@ def train(args):
     policy, world = common.make_policy(args, device)
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

@@ -229,10 +229,10 @@ def train(args):
     ref = common.frozen_copy(policy)                                   # for the KL penalty in the reward
     critic = make_critic(policy)                                 # the warm-started weights, a scalar head
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     critic_optimizer = torch.optim.AdamW(common.trainable(critic), lr=args.critic_lr, weight_decay=0.0, fused=True)
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer,
                                                          "critic": critic, "critic_optimizer": critic_optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
     millions = lambda params: sum(p.numel() for p in params) / 1e6
     print(f"policy {millions(policy.parameters()):.2f} M parameters ({millions(common.trainable(policy)):.2f} M "
           f"trained), critic {millions(common.trainable(critic)):.2f} M more (trained)"

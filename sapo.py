@@ -29,10 +29,10 @@ Run it
 
 Each step: sample --prompts-per-step x --group-size completions with the current policy, keeping each
 token's log-prob, and score them; then split the batch into --minibatches and take one optimizer step on
-each (the old log-probs as in grpo.py). The first minibatch is on-policy (ratio exactly 1, gate 1); later ones are off-policy, which is
-where the gate acts. clip_frac is the share of tokens whose gate weight f'(r_it) is below 1/2 (their gradient
-at least halved; none is ever zeroed), gate_weight_mean the mean f'(r_it) over the completions' tokens.
-Metrics go to runs/sapo-<task>-<date>-<time>/metrics.jsonl.
+each (the old log-probs as in grpo.py). The first minibatch is on-policy (ratio exactly 1, gate 1); later
+ones are off-policy, which is where the gate acts. clip_frac is the share of tokens whose gate weight
+f'(r_it) is below 1/2 (their gradient at least halved; none is ever zeroed), gate_weight_mean the mean
+f'(r_it) over the completions' tokens. Metrics go to runs/sapo-<task>-<date>-<time>/metrics.jsonl.
 
 What to expect: `python sapo.py` (seed 0, one thread of an AMD EPYC) takes greedy accuracy on the 500
 held-out problems from 0.418 to 0.728 in 2400 steps. Seed and CPU move the final; the figures are in
@@ -179,8 +179,8 @@ def train(args):
     common.seed_everything(args.seed)                                   # after the warm start: cached or not, same run
     ref = common.frozen_copy(policy) if args.beta > 0 else None         # no reference model when beta = 0
     optimizer = torch.optim.AdamW(common.trainable(policy), lr=args.lr, weight_decay=0.0, fused=True)  # one kernel
-    sampler = common.make_sampler(policy, args)                         # the policy itself, or a bf16 copy of it
     run = common.Run(Path(__file__).stem, args, world, {"policy": policy, "optimizer": optimizer})
+    sampler = common.make_sampler(policy, args)   # the policy itself, or a bf16 copy of it (after a resume)
 
     for step in run.steps():
         # ------------------------------------------------------------ rollout

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINIER, read_metrics, run
+from conftest import COUNTER_REWARD, TINIER, read_metrics, run
 from peers import VerlActorConfig, functions_from, verl_policy_loss
 
 import common
@@ -21,7 +21,7 @@ import grpo
 import gspo
 import ppo
 import sapo
-from extras import graduate
+from extras import graduate, hf_models
 
 MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
@@ -297,3 +297,28 @@ def test_the_mismatch_is_measured_where_the_learner_is_known():
     assert metrics["sampler_logp_diff_mean"] == pytest.approx(gap.mean().item())
     assert metrics["sampler_logp_diff_max"] == pytest.approx(gap.max().item())
     assert first[0, 0] == 0 and metrics["correction_dropped_frac"] == pytest.approx(1 / 8)   # 1 of the 8 tokens
+
+
+def test_a_resumed_run_samples_from_the_resumed_weights(hf_dense, jsonl, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (tmp_path / "counter.py").write_text(COUNTER_REWARD)          # rewards that differ: the first step moves weights
+    flags = ["--model", str(hf_dense), "--data", str(jsonl), "--max-new-tokens", "4", "--eval-size", "4",
+             "--prompts-per-step", "2", "--group-size", "2", "--minibatches", "1", "--sampler", "bf16", "--lr", "1e-2",
+             "--reward", f"{tmp_path / 'counter.py'}:counter", "--out", str(out)]
+    assert run(grpo, flags + ["--steps", "1"])[0] == 0
+    resumed = torch.load(out / "checkpoint.pt", weights_only=True)["policy"]          # step 1's weights
+    made, make_sampler = [], common.make_sampler
+    monkeypatch.setattr(common, "make_sampler", lambda policy, args: made.append(make_sampler(policy, args))
+                        or made[-1])
+    first, generate = {}, common.generate                  # the weights of the first rollout after the resume
+
+    def generating(model, *a, **kw):
+        if model in made and not first:
+            first["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
+        return generate(model, *a, **kw)
+    monkeypatch.setattr(common, "generate", generating)
+    assert run(grpo, ["--resume", str(out), "--steps", "2"])[0] == 0
+    base = hf_models.load_hf(str(hf_dense), torch.device("cpu"))[0].state_dict()
+    assert len(made) == 1 and "weights" in first
+    changed = [k for k in resumed if not torch.equal(resumed[k], base[k])]
+    assert changed and all(torch.equal(first["weights"][k], resumed[k].to(torch.bfloat16)) for k in resumed)
