@@ -123,8 +123,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     with sampling_mode(model):
         if world.static_cache and use_cache:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
             static_decode = side_module("static_decode", "--static-cache")
-            new, entropy, *kept = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
-            chosen = kept[0] if kept else []                    # the log-probs of its tokens, where it keeps them
+            new, entropy, chosen = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
         else:
             logits, cache = prefill(model, tokens, attention_mask, group_size if use_cache else 1)
             rows = torch.arange(N, device=device)          # the rows in the batch (dropping_ended takes ended ones out)
@@ -137,7 +136,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
                     else:
                         logp = F.log_softmax(next_logits, dim=-1)
                         probs = logp.exp()
-                        token[rows] = draw(model, probs)
+                        token[rows] = draw(model, probs, rows, N)
                         entropy.append(torch.zeros(N, device=device).index_copy(0, rows, -(probs * logp).sum(-1)))
                         chosen.append(torch.zeros(N, device=device).index_copy(
                             0, rows, logp.gather(-1, token[rows, None]).squeeze(1)))
@@ -163,7 +162,7 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     mask = (is_eos.long().cumsum(1) - is_eos.long()) == 0
     completion = completion.masked_fill(~mask, world.pad_id)
     entropy = torch.stack(entropy, 1) * mask if entropy else None
-    sampler_logp = torch.stack(chosen, 1).masked_fill(~mask, 0.0) if chosen else None    # --static-cache keeps none
+    sampler_logp = torch.stack(chosen, 1).masked_fill(~mask, 0.0) if chosen else None    # None when greedy
     return Rollout(torch.cat([tokens, completion], 1), torch.cat([attention_mask[:, :P], mask.long()], 1),
                    mask.float(), finished, entropy, sampler_logp)
 
@@ -215,20 +214,23 @@ def eager_attention(model, scores):
         body.set_attn_implementation(was)
 
 
-def draw(model, probs):
-    """One token a row from probs [N, V]. torch.multinomial draws an exponential number for every entry of the
-    vocabulary (for SmolLM2's 49,152, a sixth of its generation on a CPU); a Hugging Face model draws by the inverse
-    of the cumulative distribution, one uniform number a row (inverse_cdf). The toy keeps multinomial, with which its
-    recorded runs drew (a 16-token vocabulary)."""
-    return torch.multinomial(probs, 1).squeeze(1) if isinstance(model, MoETransformer) else inverse_cdf(probs)
+def draw(model, probs, rows, n):
+    """One token a row from probs [len(rows), V], the rows still writing out of a batch of n. torch.multinomial draws
+    an exponential number for every entry of the vocabulary (for SmolLM2's 49,152, a sixth of its generation on a
+    CPU); a Hugging Face model draws by the inverse of the cumulative distribution, one uniform number a row of the
+    batch, ended rows' too, so that extras/static_decode (which keeps every row) draws the same. The toy keeps
+    multinomial, with which its recorded runs drew (a 16-token vocabulary)."""
+    if isinstance(model, MoETransformer):
+        return torch.multinomial(probs, 1).squeeze(1)
+    return inverse_cdf(probs, torch.rand(n, 1, dtype=torch.float64, device=probs.device)[rows])
 
 
-def inverse_cdf(probs):
-    """probs [N, V] -> one token a row: the first whose cumulative probability (in fp64) exceeds a uniform number
-    times the row's total. A token of probability 0 adds nothing to the sum, so it is never the first to exceed it."""
+def inverse_cdf(probs, uniform):
+    """probs [N, V], uniform [N, 1] in [0, 1) -> one token a row: the first whose cumulative probability (in fp64)
+    exceeds the uniform number times the row's total. A token of probability 0 adds nothing to the sum, so it is never
+    the first to exceed it."""
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 @contextlib.contextmanager
@@ -411,16 +413,16 @@ def old_logprobs(policy, sampler, world, rollout, temperature, chunks, every_row
     the sampler kept (rollout.sampler_logp): the same weights and precision, equal up to rounding (a KV cache, other
     kernels). No pass runs: verl's bypass mode. Otherwise one pass without gradient, chunked as the minibatches: a bf16
     sampler differs from the learner (the rollout correction weighs the difference); MoE models record the experts
-    chosen (Routing Replay, the routing metrics); --static-cache keeps no log-probs. The rows of the first minibatch
+    chosen (Routing Replay, the routing metrics). The rows of the first minibatch
     then hold the sampler's log-probs and expert 0, never read; every_row=True scores them too (ppo.py's KL reward
     reads every row before the update)."""
-    if sampler is policy and rollout.sampler_logp is not None and not has_routing(policy):
+    if sampler is policy and not has_routing(policy):
         return rollout.sampler_logp, None
     N = len(rollout.mask)
     skip = 0 if every_row else N // chunks                                  # the first minibatch's rows
     parts = [logprobs(policy, world, rollout[idx + skip], temperature, entropy=False)
              for idx in minibatches(N - skip, chunks - (skip > 0))] if skip < N else []
-    logp = (torch.zeros_like(rollout.mask) if rollout.sampler_logp is None else rollout.sampler_logp).clone()
+    logp = rollout.sampler_logp.clone()
     if parts:
         logp[skip:] = torch.cat([p[0] for p in parts])
     if not parts or parts[0][2] is None:
@@ -506,8 +508,6 @@ class RolloutCorrection:
         self.gaps, self.dropped = [], []
 
     def weights(self, old, idx, first):
-        if self.sampler_logp is None:                                # --static-cache: nothing to compare
-            return 1.0
         sampler_logp, mask = self.sampler_logp[idx], self.mask[idx]
         if first or self.passed:
             self.gaps.append((old - sampler_logp).abs()[mask.bool()])

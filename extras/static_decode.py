@@ -65,7 +65,8 @@ CPU_BACKEND = None
 @torch.no_grad()
 def decode(model, world, tokens, attention_mask, temperature, greedy=False):
     """What common.generate's loop makes of the left-padded prompts tokens, attention_mask [N, P]: the token of each
-    step (a list of [N], PAD after a row's end) and, when sampling, the entropy of each step's distribution."""
+    step (a list of [N], PAD after a row's end) and, when sampling, the entropy of each step's distribution and the
+    log-prob of each sampled token (lists of [N]; empty when greedy)."""
     N, P = tokens.shape
     compiled = tokens.device.type == "cuda" or CPU_BACKEND is not None
     rows = N                                                           # eager: no graph to share, so no padding
@@ -89,8 +90,8 @@ def decode(model, world, tokens, attention_mask, temperature, greedy=False):
         # The prompts in one eager pass, as their length changes from batch to batch: the cache's first P slots.
         logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1].float()
-        token, alive, entropy = sample(logits, alive, world, eos_ids, temperature, greedy)
-        new, entropies, position = [token], [entropy], positions[:, -1] + 1
+        token, alive, entropy, chosen = sample(logits, alive, world, eos_ids, temperature, greedy)
+        new, entropies, chosens, position = [token], [entropy], [chosen], positions[:, -1] + 1
         for t in range(world.max_new_tokens - 1):
             # One host sync a token, as in generate: stop once every completion has ended. Checking every k tokens
             # would save syncs but draw random numbers for steps generate never takes, and its later samples differ.
@@ -99,12 +100,13 @@ def decode(model, world, tokens, attention_mask, temperature, greedy=False):
             if t == 1 and step is not decode_step:   # the first step chose (or compiled) the graph; the rest reuse it
                 later_steps.enter_context(torch.compiler.set_stance(skip_guard_eval_unsafe=True))
             # A CUDA graph's outputs live in its own memory, which its next replay overwrites: keep copies.
-            token, position, alive, entropy = [x if x is None else x.clone() for x in
-                                               step(model, cache, token, mask, position, alive, world, eos_ids,
-                                                    temperature, greedy)]
+            token, position, alive, entropy, chosen = [x if x is None else x.clone() for x in
+                                                       step(model, cache, token, mask, position, alive, world,
+                                                            eos_ids, temperature, greedy)]
             new.append(token)
             entropies.append(entropy)
-    return [t[:N] for t in new], [] if greedy else entropies
+            chosens.append(chosen)
+    return [t[:N] for t in new], *(([] if greedy else x) for x in (entropies, chosens))
 
 
 def decode_step(model, cache, token, mask, position, alive, world, eos_ids, temperature, greedy):
@@ -112,23 +114,23 @@ def decode_step(model, cache, token, mask, position, alive, world, eos_ids, temp
     Ended rows go on through it (they write PAD), as in generate, rather than leave the batch."""
     logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], cache=cache,
                    use_cache=True).logits[:, -1].float()
-    token, alive, entropy = sample(logits, alive, world, eos_ids, temperature, greedy)
-    return token, position + 1, alive, entropy
+    token, alive, entropy, chosen = sample(logits, alive, world, eos_ids, temperature, greedy)
+    return token, position + 1, alive, entropy, chosen
 
 
 def sample(logits, alive, world, eos_ids, temperature, greedy):
     """generate's choice of the next token, without its host syncs: a captured graph cannot stop to ask the host."""
     logits = common.mask_logits(logits / temperature, world)                   # PAD is never sampled
     if greedy:
-        token, entropy = logits.argmax(-1), None
+        token, entropy, chosen = logits.argmax(-1), None, None
     else:
         logp = F.log_softmax(logits, dim=-1)
-        # torch.multinomial(p, 1) as ATen computes it: argmax of p / q, q ~ Exp(1) from the same generator, so the
-        # same draws and tokens for the same seed; without its checks of p, which read p back on the host.
-        token = (logp.exp() / torch.empty_like(logp).exponential_(1)).argmax(-1)
+        # generate's draw: one uniform number a row, the same draws and tokens for the same seed.
+        token = common.inverse_cdf(logp.exp(), torch.rand(len(logp), 1, dtype=torch.float64, device=logp.device))
         entropy = -(logp.exp() * logp).sum(-1)
+        chosen = logp.gather(-1, token[:, None]).squeeze(1)                     # the sampled token's log-prob
     token = torch.where(alive, token, world.pad_id)                             # an ended row writes PAD
-    return token, alive & ~torch.isin(token, eos_ids), entropy
+    return token, alive & ~torch.isin(token, eos_ids), entropy, chosen
 
 
 def compute_dtype(model, device):

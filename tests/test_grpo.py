@@ -154,20 +154,21 @@ def test_grpo_end_to_end_on_a_tiny_hf_model(tmp_path, jsonl, which, request):
 
 def test_routing_replay_feeds_the_recorded_experts_to_the_update(tmp_path, monkeypatch):
     recorded, replayed = [], []
-    fixed_logprobs, logprobs = common.fixed_logprobs, common.logprobs
+    old_logprobs, logprobs = common.old_logprobs, common.logprobs
 
-    def record(*a):                                                    # the experts of the old log-probs
-        out = fixed_logprobs(*a)
-        recorded.append(out[2])
+    def record(*a):                                                    # the experts of the old log-probs' pass
+        out = old_logprobs(*a)
+        recorded.append(out[1])
         return out
-    monkeypatch.setattr(common, "fixed_logprobs", record)
-    monkeypatch.setattr(common, "logprobs", lambda *a: replayed.append(a[4] if len(a) > 4 else None) or logprobs(*a))
+    monkeypatch.setattr(common, "old_logprobs", record)
+    monkeypatch.setattr(common, "logprobs", lambda *a, **k: (len(a) > 4 and replayed.append(a[4])) or logprobs(*a, **k))
     grpo.main(TINY + ["--routing-replay", "--out", str(tmp_path)])
-    replayed = [r for r in replayed if r is not None]
     assert len(recorded) == 3 and len(replayed) == 6                   # 3 steps x 2 minibatches
     for step in range(3):
-        for mb, idx in enumerate(common.minibatches(16, 2)):
-            assert torch.equal(replayed[2 * step + mb], recorded[step][:, idx])
+        # The first minibatch routes freely: the policy has not moved since it sampled. The second replays.
+        first, second = common.minibatches(16, 2)
+        assert replayed[2 * step] is None and (recorded[step][:, first] == 0).all()     # no pass scored those rows
+        assert torch.equal(replayed[2 * step + 1], recorded[step][:, second])
 
 
 def test_policy_loss_defaults_are_the_scripts():

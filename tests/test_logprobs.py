@@ -176,16 +176,18 @@ def test_a_groups_prompt_runs_once_with_the_same_log_probs_and_gradient(hf_dense
 def test_the_inverse_cdf_draws_by_the_probabilities_and_never_a_zero():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25], [0.1, 0.0, 0.6, 0.3, 0.0]])
     torch.manual_seed(0)
-    draws = torch.stack([common.inverse_cdf(probs) for _ in range(20000)])           # [20000, 2]
+    draws = torch.stack([common.inverse_cdf(probs, torch.rand(2, 1, dtype=torch.float64))
+                         for _ in range(20000)])                                      # [20000, 2]
     for row in range(2):
         counts = torch.bincount(draws[:, row], minlength=5).float() / len(draws)
         assert (counts[probs[row] == 0] == 0).all()
         assert torch.allclose(counts, probs[row], atol=4 * (0.25 / len(draws)) ** 0.5)   # four standard errors
     # Exactly: the first token whose cumulative probability exceeds the uniform number drawn, times the total.
-    torch.manual_seed(1)
+    u = torch.tensor([[0.5], [0.05]], dtype=torch.float64)
+    token = common.inverse_cdf(probs, u)
+    assert token.tolist() == [3, 0]                                   # 0.5 < 0.75 (token 3); 0.05 < 0.1 (token 0)
     u = torch.rand(2, 1, dtype=torch.float64)
-    torch.manual_seed(1)
-    token = common.inverse_cdf(probs)
+    token = common.inverse_cdf(probs, u)
     for row in range(2):
         cdf = probs[row].double().cumsum(0)
         assert token[row] == next(i for i in range(5) if cdf[i] > u[row, 0] * cdf[-1])

@@ -136,9 +136,9 @@ def test_ppo_end_to_end_on_the_toy(dtype, tmp_path):
 
 def test_the_advantages_reaching_the_loss_are_whitened_over_the_batch(tmp_path, monkeypatch):
     seen, policy_loss = [], ppo.policy_loss
-    def recording_policy_loss(logp, old_logp, advantages, mask, clip_eps):
+    def recording_policy_loss(logp, old_logp, advantages, mask, *hyper):
         seen.append((advantages, mask))
-        return policy_loss(logp, old_logp, advantages, mask, clip_eps)
+        return policy_loss(logp, old_logp, advantages, mask, *hyper)
     monkeypatch.setattr(ppo, "policy_loss", recording_policy_loss)
     (tmp_path / "counter.py").write_text(COUNTER_REWARD)       # rewards that differ, whatever the samples
     ppo.main(["--steps", "1"] + TINY_NO_STEPS + ["--reward", f"{tmp_path / 'counter.py'}:counter",
