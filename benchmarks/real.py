@@ -62,6 +62,11 @@ SEEDS, PPO_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 LR_TIMES, LR_SEEDS = (1, 3, 10, 30), (0, 1)
 LR_ARMS = [(f"{label} lr x{k}", script, ["--dtype", "bf16"] + flags[2:] + ["--lr", f"{1e-5 * k:g}"])
            for k in (10, 3, 30, 1) for label, script, flags in ARMS if label in ("grpo", "gspo", "dapo", "ppo")]
+# The faster real-model code (the sampler's own log-probs in place of a separate pass, one uniform number a token, each
+# prompt run once a group) samples other tokens from the same seed. Its grpo bf16 runs are an arm of their own, with
+# the criterion fixed before they ran: the faster code learns no worse if its mean final held-out accuracy is within t
+# standard errors of grpo bf16's (the rule of METHODS.md), or above it.
+FAST_ARMS, FAST_SEEDS = [("grpo bf16 fast", "grpo.py", PRECISIONS["bf16"][1])], (0, 1, 2)
 # What a reader of a recorded run's time needs to know, by (label, seed).
 PASSIVE_BESIDE = ("other work ran beside it, and it ran with OMP_WAIT_POLICY=PASSIVE: its s/step and wall time read "
                   "high (quiet timings: results/speed.md, `python benchmarks/speed.py --only real`)")
@@ -186,7 +191,7 @@ def precision_here():
 def arm_seeds(label, seeds=None):
     """The seeds an arm runs: those asked for, else SEEDS (PPO_SEEDS for ppo's arms, LR_SEEDS for the lr study's)."""
     return seeds if seeds is not None else LR_SEEDS if " lr x" in label else PPO_SEEDS if label.startswith("ppo") \
-        else SEEDS
+        else FAST_SEEDS if label.endswith(" fast") else SEEDS
 
 
 def run_all(arms, seeds, threads, jobs=1):
@@ -294,7 +299,7 @@ def machine_of(label, seed):
     if not path.exists():
         return "not recorded"
     where = path.read_text().strip()
-    flags = {arm: flags for arm, _, flags in ARMS + LR_ARMS}[label]
+    flags = {arm: flags for arm, _, flags in ARMS + LR_ARMS + FAST_ARMS}[label]
     return where if "(fp32)" in where or "(bf16 autocast)" in where else f"{where} ({dtype(flags)})"
 
 
@@ -726,6 +731,23 @@ SECTION_TEXT = {
 }
 
 
+def fast_verdict(runs):
+    """The faster code's grpo bf16 runs against the arm's, by the criterion set before they ran (FAST_ARMS)."""
+    d = versus(runs, "grpo bf16 fast", "grpo bf16")
+    t = bench.t_quantile(d.df)
+    new, old = ([acc for acc, _ in finals(label, runs[label])] for label in ("grpo bf16 fast", "grpo bf16"))
+    verdict = ("**It holds: the faster code learns no worse.**" if d.value > -t * d.error else
+               "**It does not hold: the faster code learns worse here.**")
+    return (f"The code that keeps the sampler's log-probs, draws one uniform number a token and runs each prompt once "
+            f"a group samples other tokens from the same seed, so its grpo bf16 runs are an arm of their own, grpo "
+            f"bf16 fast ({machines('grpo bf16 fast', runs['grpo bf16 fast'])}). Criterion, set before they ran: it "
+            f"learns no worse if its mean final held-out accuracy is within t standard errors of grpo bf16's (the code "
+            f"before), or above it. Final held-out accuracy {statistics.mean(new):.3f} ± {statistics.stdev(new):.3f} "
+            f"({len(new)} seeds) against {statistics.mean(old):.3f} ± {statistics.stdev(old):.3f} ({len(old)} "
+            f"seeds): {d.value:+.3f}, standard error {d.error:.3f}, t {t:.2f} at {d.df:.1f} degrees of freedom. "
+            + verdict)
+
+
 def report():
     # The main table and claims read each run's last evaluation, which a run that stopped early has not reached.
     runs = {label: [(seed, rows) for seed, rows in seeds if not rows[-1]["stopped"]]
@@ -793,6 +815,9 @@ def report():
                       f"with plain `transformers` and decoded greedily with `model.generate`, scores "
                       f"{check['accuracy']:.3f} on the held-out problems; the run's last evaluation scored "
                       f"{check['run_last_eval']:.3f}.", ""]
+    fast = collect(FAST_ARMS) | {"grpo bf16": runs["grpo bf16"]}
+    if fast["grpo bf16 fast"]:
+        lines += ["## The faster code", "", fast_verdict(fast), ""]
     lr_runs = collect(LR_ARMS)
     lines += ["## Where each breaks: the lr study", "", breaks(lr_runs), ""] + lr_table(lr_runs) + [""]
     bench.write(RESULTS / "real.md", "\n".join(lines))
@@ -801,7 +826,7 @@ def report():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="arms to run, comma-separated (default: those of the precision --dtype auto "
-                                       "picks here): " + ", ".join(label for label, _, _ in ARMS))
+                                       "picks here): " + ", ".join(label for label, _, _ in ARMS + FAST_ARMS))
     parser.add_argument("--seeds", help="seed ids, comma-separated (default 0-4, ppo 0-2; 2: seed 2 alone)")
     # Two runs at a time, each on its share of the cores, do more steps an hour than one on all of them (measured on
     # 2 cores: benchmarks/METHODS.md, the real model).
@@ -814,14 +839,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     here = PRECISIONS[precision_here()][2]
     labels = args.only.split(",") if args.only else [label + here for label, _, _ in LOSSES]
-    unknown = [label for label in labels if label not in [a for a, _, _ in ARMS]]
+    unknown = [label for label in labels if label not in [a for a, _, _ in ARMS + FAST_ARMS]]
     if unknown:
-        parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS))
+        parser.error(f"unknown arm {unknown[0]!r}; choose among " + ", ".join(label for label, _, _ in ARMS + FAST_ARMS))
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--jobs and --threads must be at least 1")
     args.threads = args.threads or max(1, os.cpu_count() // args.jobs)
     seeds = None if args.seeds is None else bench.seed_ids(parser, args.seeds)
-    arms = LR_ARMS if args.lr_study else [arm for arm in ARMS if arm[0] in labels]
+    arms = LR_ARMS if args.lr_study else [arm for arm in ARMS + FAST_ARMS if arm[0] in labels]
     failed = 0 if args.report else run_all(arms, seeds, args.threads, args.jobs)
     report()
     sys.exit(1 if failed else 0)
