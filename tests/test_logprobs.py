@@ -173,6 +173,37 @@ def test_a_groups_prompt_runs_once_with_the_same_log_probs_and_gradient(hf_dense
     assert_close_grads(shared, grads(model, each, weights), rel=1e-4)
 
 
+def test_rows_split_by_length_where_that_saves_an_eighth():
+    mask = lambda lengths: (torch.arange(11)[None] < torch.tensor(lengths)[:, None]).long()
+    (short, a), (long, b) = common.by_length(mask([2, 11, 3, 11, 1, 11]))   # 3*3 + 3*11 = 42 of 66 columns
+    assert (short.tolist(), a, long.tolist(), b) == ([4, 0, 2], 3, [1, 3, 5], 11)
+    (rows, width), = common.by_length(mask([10, 11, 9, 11]))                   # 2*10 + 2*11 = 42 of 44: one set
+    assert (rows.tolist(), width) == ([2, 0, 1, 3], 11)
+
+
+def test_completions_of_two_lengths_run_apart_with_the_same_log_probs_and_gradient(hf_dense, monkeypatch):
+    model, world = hf_model(hf_dense)
+    common.training_mode(model, gradient_checkpointing=False)
+    torch.manual_seed(0)
+    prompts = torch.randint(3, 40, (2, 5)).repeat_interleave(3, 0)                 # 2 groups of 3 rows
+    mask = (torch.arange(12)[None] < torch.tensor([2, 12, 3, 12, 1, 11])[:, None])
+    completions = torch.randint(3, 40, (6, 12)).masked_fill(~mask, world.pad_id)
+    rollout = common.Rollout(torch.cat([prompts, completions], 1),
+                             torch.cat([torch.ones(6, 5, dtype=torch.long), mask.long()], 1), mask.float(),
+                             torch.zeros(6, dtype=torch.bool))
+    weights = torch.randn(mask.shape)
+    widths, forward = [], type(model.model).forward
+    monkeypatch.setattr(type(model.model), "forward", lambda self, **kw: widths.append(
+        tuple(kw.get("input_ids", kw.get("inputs_embeds")).shape[:2])) or forward(self, **kw))
+    logp = common.logprobs(model, world, rollout, 0.7)[0]
+    assert widths == [(2, 5), (3, 3), (3, 11)]     # the prompts once, then the shorter rows, then the longer
+    split = grads(model, logp, weights)
+    monkeypatch.setattr(common, "sharing_prompts", lambda *a: None)
+    each = common.logprobs(model, world, rollout, 0.7)[0]
+    assert (logp - each).abs().max() <= 1e-5 and (logp[~mask] == 0).all()
+    assert_close_grads(split, grads(model, each, weights), rel=1e-4)
+
+
 def test_the_inverse_cdf_draws_by_the_probabilities_and_never_a_zero():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25], [0.1, 0.0, 0.6, 0.3, 0.0]])
     torch.manual_seed(0)
