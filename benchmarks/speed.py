@@ -304,11 +304,11 @@ def real_trl_table(steps, rounds, tmp):
             "TRL as printed: fp32 on a CPU": ("trl", False)}
     steps_s = {name: [] for name in arms}
     parts = {name: {"generate": [], "old log-probs": [], "update": []} for name in arms}
-    for _ in range(rounds):
+    for seed in range(rounds):            # a seed a round: one seed's completions would set every round's lengths
         for name, (who, how) in arms.items():
             out = Path(tmp) / "real-trl"
             if who == "ours":
-                if bench.launch("grpo.py", ours + how, out, threads):
+                if bench.launch("grpo.py", ours + how + ["--seed", str(seed)], out, threads):
                     raise RunFailed(f"grpo.py failed: {tail((out / 'log.txt').read_text())}")
                 rows = [r for r in bench.read_metrics(out) if "step_time_s" in r][1:]
                 steps_s[name] += [r["step_time_s"] for r in rows]
@@ -317,7 +317,7 @@ def real_trl_table(steps, rounds, tmp):
                     parts[name][part] += [r[key] for r in rows]
             else:
                 shutil.rmtree(out, ignore_errors=True)
-                times = run_trl(trl_program(trl_flags, how), out, threads)
+                times = run_trl(trl_program(trl_flags + ["--seed", str(seed)], how), out, threads)
                 k = len(times["steps"]) // len(times["generation"])          # optimizer steps a generation round
                 rounds_s = [sum(times["steps"][i:i + k]) for i in range(0, len(times["steps"]), k)][1:]
                 steps_s[name] += rounds_s
@@ -328,8 +328,9 @@ def real_trl_table(steps, rounds, tmp):
     cell = lambda name, part: f"{statistics.median(parts[name][part]):.1f}" if parts[name][part] else "in generate"
     lines = [f"{os.cpu_count()} cores of an {bench.cpu_name()}, {threads} threads, nothing else running; `python "
              f"benchmarks/speed.py --only real-trl`: {steps} steps of grpo.py and {steps} generation rounds (4 "
-             f"optimizer steps each) of TRL {trl_version()} a run, {rounds} runs of each alternating, medians after "
-             f"each run's first. Here grpo.py's --dtype auto picks {auto}.", "",
+             f"optimizer steps each) of TRL {trl_version()} a run; a run of each on each of seeds 0-{rounds - 1}, "
+             f"alternating; medians over the steps after each run's first. Here grpo.py's --dtype auto picks {auto}.",
+             "",
              "| run | s/step (a generation round) | steps/s | generate | old log-probs | update |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name in arms:
@@ -633,8 +634,9 @@ def main(argv=None):
     parser.add_argument("--threads-steps", type=int, default=150, help="threads: steps of a run alone")
     parser.add_argument("--threads-side-steps", type=int, default=60, help="threads: steps of each of two runs at once")
     parser.add_argument("--real-steps", type=int, default=10, help="real: steps of each run")
-    parser.add_argument("--real-trl-steps", type=int, default=5, help="real-trl: steps (generation rounds) a run")
-    parser.add_argument("--real-trl-rounds", type=int, default=2, help="real-trl: runs of each, alternating")
+    parser.add_argument("--real-trl-steps", type=int, default=6, help="real-trl: steps (generation rounds) a run")
+    parser.add_argument("--real-trl-rounds", type=int, default=2, help="real-trl: runs of each, alternating, a seed "
+                                                                       "each")
     parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
     parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
                                                                     f"left out")
