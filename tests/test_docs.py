@@ -201,9 +201,10 @@ def test_the_readme_s_ratio_to_trl_is_speed_md_s():
     text = " ".join((RESULTS / "speed.md").read_text().split())
     section = text[text.index("## The real model: grpo.py against TRL"):]
     machine = re.match(r"## The real model: grpo.py against TRL (\d+ cores of an [\w ]+?),", section).group(1)
-    bf16 = re.search(r"grpo.py does ([\d.]+)× TRL's steps per second in bf16", section).group(1)
-    assert f"grpo.py does {bf16}× the steps per second of TRL's GRPOTrainer, both in bf16 on {machine} " in README
-    assert "(`python benchmarks/speed.py --only real-trl`)" in README
+    bf16, fp32 = re.search(r"grpo.py does ([\d.]+)× TRL's steps per second in bf16 and ([\d.]+)× in fp32",
+                           section).groups()
+    assert (f"grpo.py does {bf16}× the steps per second of TRL's GRPOTrainer, both in bf16 on {machine} ({fp32}× "
+            f"both in fp32; `python benchmarks/speed.py --only real-trl`)") in README
 
 
 def test_the_readme_s_toy_claims_are_study_md_s():
