@@ -91,8 +91,8 @@ REMARKS = {("grpo bf16", 0): PASSIVE_BESIDE, ("grpo bf16", 1): PASSIVE_BESIDE, (
            ("dapo seq-mean bf16", 4): "two at a time, one thread each, then alone for its last 2.7 min (18.4 in all)",
            ("cispo bf16", 4): "two at a time, one thread each, then alone for its last 4.9 min (16.5 in all)",
            ("ppo bf16", 0): PPO_BF16_PAIR, ("ppo bf16", 1): PPO_BF16_PAIR}
-FAST_BESIDE = ("three at a time, one thread each; tests and benchmarks/memory.py's real part (about 15 min in all) "
-               "ran beside them")
+FAST_BESIDE = ("three at a time, one thread each; the test suite (11 min) and benchmarks/memory.py's real part (16 "
+               "min) ran beside them")
 REMARKS |= {("grpo bf16 fast", seed): FAST_BESIDE for seed in FAST_SEEDS}
 
 
@@ -743,12 +743,14 @@ def fast_verdict(runs):
                "**It does not hold: the faster code learns worse here.**")
     return (f"The code that keeps the sampler's log-probs, draws one uniform number a token and runs each prompt once "
             f"a group samples other tokens from the same seed, so its grpo bf16 runs are an arm of their own, grpo "
-            f"bf16 fast ({machines('grpo bf16 fast', runs['grpo bf16 fast'])}). Criterion, set before they ran: it "
+            f"bf16 fast ({machines('grpo bf16 fast', [seed for seed, _ in runs['grpo bf16 fast']])}). Criterion, set before they ran: it "
             f"learns no worse if its mean final held-out accuracy is within t standard errors of grpo bf16's (the code "
             f"before), or above it. Final held-out accuracy {statistics.mean(new):.3f} ± {statistics.stdev(new):.3f} "
             f"({len(new)} seeds) against {statistics.mean(old):.3f} ± {statistics.stdev(old):.3f} ({len(old)} "
             f"seeds): {d.value:+.3f}, standard error {d.error:.3f}, t {t:.2f} at {d.df:.1f} degrees of freedom. "
-            + verdict + " " + gap(runs["grpo bf16 fast"]) + " " + peaks(runs))
+            + verdict + " Its base scores " + "/".join(sorted({f"{rows[0]['eval_accuracy']:.3f}" for _, rows in runs["grpo bf16 fast"]}))
+            + " (the code before: " + "/".join(sorted({f"{rows[0]['eval_accuracy']:.3f}" for _, rows in runs["grpo bf16"]}))
+            + "): its decoding rounds otherwise in bf16. " + gap(runs["grpo bf16 fast"]) + " " + peaks(runs))
 
 
 def peaks(runs):
