@@ -557,14 +557,14 @@ def trunk(model, tokens, attention_mask, routing=None, prompt=0):
     with eager_attention(model, B * S * S):
         head = body.base_model(inputs_embeds=embeds[first, :prompt], attention_mask=attention_mask[first, :prompt],
                                position_ids=positions[first, :prompt], cache=cache, use_cache=True)
-        prompt_kv = [[x.repeat_interleave(repeats, 0) for x in (layer.keys, layer.values)] for layer in cache.layers]
+        group = torch.repeat_interleave(torch.arange(len(first), device=tokens.device), repeats)   # each row's prompt
         rows_in_order, parts = [], []
         for rows, width in by_length(attention_mask[:, prompt:]):      # each its own width: less padding computed
             out = embeds.new_zeros(len(rows), 0, embeds.shape[-1])
             if width:
                 bucket = type(cache)(config=body.config)
-                for i, (keys, values) in enumerate(prompt_kv):
-                    bucket.update(keys[rows], values[rows], i)
+                for i, layer in enumerate(cache.layers):        # the prompt's keys and values, one copy a row
+                    bucket.update(layer.keys[group[rows]], layer.values[group[rows]], i)
                 out = body.base_model(inputs_embeds=embeds[rows, prompt:prompt + width],
                                       attention_mask=attention_mask[rows, :prompt + width],
                                       position_ids=positions[rows, prompt:prompt + width], cache=bucket,
