@@ -31,6 +31,7 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -120,8 +121,9 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     N, P = tokens.shape
     new, chosen, entropy, alive = [], [], [], torch.ones(N, dtype=torch.bool, device=device)
     eos_ids = torch.tensor(world.eos_ids, device=device)
-    with sampling_mode(model):
-        if world.static_cache and use_cache:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
+    static = world.static_cache and use_cache
+    with sampling_mode(model, packed=not static):   # a compiled graph records the model's own products
+        if static:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
             static_decode = side_module("static_decode", "--static-cache")
             new, entropy, chosen = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
         else:
@@ -234,21 +236,53 @@ def inverse_cdf(probs, uniform):
 
 
 @contextlib.contextmanager
-def sampling_mode(model):
+def sampling_mode(model, packed=True):
     """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
     transformers it would turn the KV cache off) and, in bf16 (--dtype), one autocast context: autocast keeps
     its bf16 copies of the weights only while its context is open, so one context per token would cast
-    every weight again for every token."""
+    every weight again for every token. packed: the linear layers' weights packed for the whole generation
+    (packed_linears); --static-cache keeps the model's own products, which its compiled step records."""
     was_training = model.training
     model.eval()
     if not isinstance(model, MoETransformer):
         hf_routing = side_module("hf_routing", "--model")
         hf_routing.set_replay(model, None)              # sampling routes freely (a Hugging Face MoE model)
     try:
-        with autocast(model):
+        with autocast(model), (packed_linears(model) if packed else contextlib.nullcontext()):
             yield
     finally:
         model.train(was_training)
+
+
+@contextlib.contextmanager
+def packed_linears(model):
+    """On a CPU, for a whole generation: every linear layer of a Hugging Face model multiplies by its weight packed
+    once for oneDNN, in the precision of the product (bf16 under autocast, else the weight's own). Decoding multiplies
+    a few rows (one a sequence) by each weight. At that shape torch's default fp32 product (MKL's) is slow on a CPU,
+    and oneDNN, given the weight packed, is much faster: the real model's generate time in benchmarks/results/speed.md.
+    Under autocast the numbers are those autocast gives, without a reorder every call. The weights do not change while sampling. The packed copies (the weights' size in
+    that precision) are dropped when the generation ends. Elsewhere nothing changes: the toy, a GPU, other dtypes."""
+    pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if isinstance(model, MoETransformer) or next(model.parameters()).device.type != "cpu" or pack is None \
+            or not torch.backends.mkldnn.is_available():
+        yield
+        return
+    bf16 = torch.bfloat16 if getattr(model, "bf16", False) else None
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear
+               and (bf16 or m.weight.dtype) in (torch.float32, torch.bfloat16)]
+    for m in linears:
+        dtype = bf16 or m.weight.dtype
+        bias = None if m.bias is None else m.bias.detach().to(dtype)
+        m.forward = functools.partial(packed_product, pack(m.weight.detach().to(dtype)), bias)
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward                                  # the class's forward again
+
+
+def packed_product(weight, bias, x):
+    return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
 
 
 def autocast(model):

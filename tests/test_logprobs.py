@@ -1,5 +1,6 @@
 """The log-prob path that fits real models: the head over chunks of tokens (never the full [N, T, V] logits),
 activation checkpointing, training mode without dropout, and the critic's dtype."""
+import contextlib
 import copy
 
 import pytest
@@ -237,6 +238,43 @@ def test_the_decode_steps_attend_eagerly_on_a_cpu_in_bf16(hf_dense, monkeypatch)
         assert len(seen) > 1 and seen[1] == ((2, 1), decode)                           # then a token a row
         assert {impl for _, impl in seen[1:]} == {decode}
         assert model.config._attn_implementation == "sdpa"                              # and back after
+
+
+def test_the_decode_multiplies_by_packed_weights_and_gets_the_model_s_own_products(hf_dense, monkeypatch):
+    """On a CPU every linear layer multiplies by its weight packed for oneDNN while sampling, by its own after; the
+    products are the model's own (fp32's rounding; under autocast, bf16's), and so is the rollout."""
+    model, world = hf_model(hf_dense)
+    common.training_mode(model, gradient_checkpointing=False)
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    x = torch.randn(3, 1, model.config.hidden_size)
+    for bf16 in (False, True):
+        model.bf16 = bf16
+        with common.autocast(model):
+            own = [F.linear(x, m.weight) for m in linears if m.in_features == x.shape[-1]]
+            with common.packed_linears(model):
+                assert all("forward" in m.__dict__ for m in linears)
+                ours = [m(x) for m in linears if m.in_features == x.shape[-1]]
+        assert len(ours) > 3 and not any("forward" in m.__dict__ for m in linears)
+        for a, b in zip(ours, own):
+            assert a.dtype == b.dtype == (torch.bfloat16 if bf16 else torch.float32)
+            torch.testing.assert_close(a.float(), b.float(), rtol=2**-7 if bf16 else 1e-5, atol=1e-5)
+    model.bf16, packed, forward = False, [], common.forward
+    monkeypatch.setattr(common, "forward", lambda m, *a: packed.append("forward" in linears[0].__dict__)
+                        or forward(m, *a))
+
+    def rollout(pack):
+        torch.manual_seed(0)
+        with monkeypatch.context() as patch:
+            if not pack:
+                patch.setattr(common, "packed_linears", lambda model: contextlib.nullcontext())
+            return common.generate(model, world, [torch.tensor([5, 9, 11]), torch.tensor([7, 8])], 4, 1.0)
+    ours = rollout(True)
+    assert packed and all(packed)
+    packed[:] = []
+    own = rollout(False)
+    assert packed and not any(packed)
+    assert torch.equal(ours.tokens, own.tokens)
+    torch.testing.assert_close(ours.sampler_logp, own.sampler_logp, rtol=0, atol=1e-5)
 
 
 def test_ended_rows_leave_the_decode_batch_and_the_rollout_stays_exact(hf_dense, monkeypatch):
