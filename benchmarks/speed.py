@@ -635,7 +635,7 @@ def main(argv=None):
     parser.add_argument("--threads-side-steps", type=int, default=60, help="threads: steps of each of two runs at once")
     parser.add_argument("--real-steps", type=int, default=10, help="real: steps of each run")
     parser.add_argument("--real-trl-steps", type=int, default=6, help="real-trl: steps (generation rounds) a run")
-    parser.add_argument("--real-trl-rounds", type=int, default=2, help="real-trl: runs of each, alternating, a seed "
+    parser.add_argument("--real-trl-rounds", type=int, default=3, help="real-trl: runs of each, alternating, a seed "
                                                                        "each")
     parser.add_argument("--shapes", default="SmolLM2-135M,SmolLM2-360M", help=f"static: of {', '.join(SHAPES)}")
     parser.add_argument("--static-steps", type=int, default=8, help=f"static: steps per run, the first {WARMUP} "
