@@ -121,8 +121,8 @@ def generate(model, world, prompts, group_size, temperature, greedy=False, use_c
     N, P = tokens.shape
     new, chosen, entropy, alive = [], [], [], torch.ones(N, dtype=torch.bool, device=device)
     eos_ids = torch.tensor(world.eos_ids, device=device)
-    static = world.static_cache and use_cache
-    with sampling_mode(model, packed=not static):   # a compiled graph records the model's own products
+    static = world.static_cache and use_cache          # its compiled step records the model's own products: not packed
+    with sampling_mode(model), (contextlib.nullcontext() if static else packed_linears(model)):
         if static:  # --static-cache: this loop with a static cache, on CUDA a CUDA graph
             static_decode = side_module("static_decode", "--static-cache")
             new, entropy, chosen = static_decode.decode(model, world, tokens, attention_mask, temperature, greedy)
@@ -236,19 +236,18 @@ def inverse_cdf(probs, uniform):
 
 
 @contextlib.contextmanager
-def sampling_mode(model, packed=True):
+def sampling_mode(model):
     """For a whole generation: eval mode (activation checkpointing acts only in training mode, and in
     transformers it would turn the KV cache off) and, in bf16 (--dtype), one autocast context: autocast keeps
     its bf16 copies of the weights only while its context is open, so one context per token would cast
-    every weight again for every token. packed: the linear layers' weights packed for the whole generation
-    (packed_linears); --static-cache keeps the model's own products, which its compiled step records."""
+    every weight again for every token."""
     was_training = model.training
     model.eval()
     if not isinstance(model, MoETransformer):
         hf_routing = side_module("hf_routing", "--model")
         hf_routing.set_replay(model, None)              # sampling routes freely (a Hugging Face MoE model)
     try:
-        with autocast(model), (packed_linears(model) if packed else contextlib.nullcontext()):
+        with autocast(model):
             yield
     finally:
         model.train(was_training)
@@ -283,6 +282,7 @@ def packed_linears(model):
 
 
 def packed_product(weight, bias, x):
+    # The input in the packed weight's dtype: autocast casts it for F.linear, but this op is not on autocast's list.
     return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
 
 
